@@ -36,28 +36,47 @@ if ! [[ $NUM_PS =~ ^[1-9][0-9]*$ && $NUM_WORKERS =~ ^[1-9][0-9]*$ ]]; then
 fi
 
 # Free ports, chosen by the OS; all sockets stay open until every port is picked, so they differ.
-read -r -a ports < <("$python" -c '
+ports=($("$python" -c '
 import socket, sys
 socks = [socket.socket() for _ in range(int(sys.argv[1]))]
 for s in socks:
     s.bind(("localhost", 0))
-print(" ".join(str(s.getsockname()[1]) for s in socks))' $((NUM_PS + NUM_WORKERS))) || exit 2
+print(" ".join(str(s.getsockname()[1]) for s in socks))' $((NUM_PS + NUM_WORKERS)))) || exit 2
 hosts() { local IFS=,; echo "$*"; }
 ps_hosts=$(hosts $(for p in "${ports[@]:0:NUM_PS}"; do echo "localhost:$p"; done))
 worker_hosts=$(hosts $(for p in "${ports[@]:NUM_PS}"; do echo "localhost:$p"; done))
 
 tmp=$(mktemp -d)
-pids=() roles=() labellers=()
-cleanup() {
+pids=() roles=()
+declare -A status
+failed=() timer=
+record() {  # record N CODE: process N has ended with exit status CODE
+  status[$1]=$2
+  (($2 == 0)) || failed+=("${roles[$1]} (exit $2)")
+}
+running() {  # running ROLE_PREFIX: is any such process still running?
+  for n in "${!pids[@]}"; do [[ ${roles[$n]} == $1* && -z ${status[$n]:-} ]] && return 0; done
+  return 1
+}
+watch() {  # wait for the next child to end and record it; fails when the timer has run out
+  local ended code
+  wait -n -p ended; code=$?  # bash >= 5.1
+  if [[ -n $timer && ${ended:-} == "$timer" ]]; then timer=; return 1; fi
+  for n in "${!pids[@]}"; do [[ ${pids[$n]} == "${ended:-}" ]] && record "$n" "$code"; done
+  return 0
+}
+start_timer() { sleep "$1" & timer=$!; }
+stop_timer() { [[ -n $timer ]] && kill "$timer" 2>/dev/null; timer=; }
+cleanup() {  # stop whatever still runs: TERM, then KILL after 5 s
   local alive=()
-  for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && alive+=("$pid"); done
+  for n in "${!pids[@]}"; do [[ -z ${status[$n]:-} ]] && alive+=("${pids[$n]}"); done
   if ((${#alive[@]})); then
     kill -TERM "${alive[@]}" 2>/dev/null
-    ( sleep 5; kill -KILL "${alive[@]}" 2>/dev/null ) & local reaper=$!
-    wait "${alive[@]}" 2>/dev/null
-    kill "$reaper" 2>/dev/null; wait "$reaper" 2>/dev/null
+    stop_timer; start_timer 5
+    while running ""; do watch || { kill -KILL "${alive[@]}" 2>/dev/null; break; }; done
+    stop_timer
   fi
-  ((${#labellers[@]})) && wait "${labellers[@]}" 2>/dev/null
+  wait  # the labellers end with their process; let them print the last lines
   rm -rf "$tmp"
 }
 trap 'cleanup' EXIT
@@ -65,7 +84,7 @@ trap 'say "interrupted: stopping every process"; exit 130' INT TERM
 
 start() {  # start ROLE JOB INDEX: one train.py, its output labelled through a fifo
   mkfifo "$tmp/$1"
-  label "$1" <"$tmp/$1" & labellers+=($!)
+  label "$1" <"$tmp/$1" &
   "$python" "$here/train.py" --job_name "$2" --task_index "$3" \
     --ps_hosts "$ps_hosts" --worker_hosts "$worker_hosts" "${args[@]}" >"$tmp/$1" 2>&1 &
   pids+=($!) roles+=("$1")
@@ -76,37 +95,21 @@ args=("$@")
 for ((i = 0; i < NUM_PS; i++)); do start "ps$i" ps "$i"; done
 for ((i = 0; i < NUM_WORKERS; i++)); do start "worker$i" worker "$i"; done
 
-# Wait for the workers. A parameter server that fails while workers run stops the run, since
-# the workers cannot go on without it.
-declare -A status
-failed=()
-reap() {  # reap N: record the exit status of process N, which has ended
-  wait "${pids[$1]}"; status[$1]=$?
-  ((status[$1] == 0)) || failed+=("${roles[$1]} (exit ${status[$1]})")
-}
-workers_running() {
-  for n in "${!pids[@]}"; do [[ ${roles[$n]} == worker* && -z ${status[$n]:-} ]] && return 0; done
-  return 1
-}
-while workers_running; do
-  wait -n
-  for n in "${!pids[@]}"; do
-    [[ -z ${status[$n]:-} ]] && ! kill -0 "${pids[$n]}" 2>/dev/null && reap "$n"
-  done
-  for ((n = 0; n < NUM_PS; n++)); do
-    if [[ -n ${status[$n]:-} ]] && ((status[$n] != 0)) && workers_running; then
-      say "failed: ${failed[*]}; stopping the workers"; exit 1
-    fi
-  done
+# Wait for the workers. A parameter server that fails while workers run stops the run: the
+# workers cannot go on without it.
+while running worker; do
+  watch
+  if running worker && [[ ${failed[*]} == *ps* ]]; then
+    say "failed: ${failed[*]}; stopping the workers"; exit 1
+  fi
 done
 
 # The parameter servers exit by themselves once every worker has left; bound that wait.
-( sleep 30; kill -KILL "${pids[@]:0:NUM_PS}" 2>/dev/null ) & watchdog=$!
-for ((n = 0; n < NUM_PS; n++)); do
-  [[ -n ${status[$n]:-} ]] && continue
-  reap "$n"
+start_timer 30
+while running ps; do
+  watch || { say "the parameter servers did not exit 30 s after the workers"; failed+=(ps); break; }
 done
-kill "$watchdog" 2>/dev/null; wait "$watchdog" 2>/dev/null
+stop_timer
 
 if ((${#failed[@]})); then
   say "failed: ${failed[*]}"; exit 1

@@ -81,10 +81,13 @@ def common_flags(description):
     return p
 
 
-def check_positive(args, *names):
-    for name in names:
+def check_common_flags(args):
+    """Reject bad values before any server starts, so every task fails alike and at once."""
+    for name in ("steps", "batch_size", "learning_rate", "hidden", "log_every"):
         if getattr(args, name) <= 0:
             fail("--%s must be positive, got %s" % (name, getattr(args, name)))
+    if args.dataset not in ("digits", "mnist"):
+        fail("unknown dataset %r: use digits or mnist" % args.dataset)
 # <<< shared: flags
 
 
@@ -557,7 +560,7 @@ def main(argv=None):
     parser = common_flags(__doc__.splitlines()[0])
     cluster_flags(parser)
     args = parser.parse_args(argv)
-    check_positive(args, "steps", "batch_size", "learning_rate", "hidden", "log_every")
+    check_common_flags(args)
     cluster, job, index = resolve_cluster(args)
     args.job_name, args.task_index = job, index
     args.log_dir = args.log_dir or default_log_dir()

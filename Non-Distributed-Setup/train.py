@@ -71,10 +71,13 @@ def common_flags(description):
     return p
 
 
-def check_positive(args, *names):
-    for name in names:
+def check_common_flags(args):
+    """Reject bad values before any server starts, so every task fails alike and at once."""
+    for name in ("steps", "batch_size", "learning_rate", "hidden", "log_every"):
         if getattr(args, name) <= 0:
             fail("--%s must be positive, got %s" % (name, getattr(args, name)))
+    if args.dataset not in ("digits", "mnist"):
+        fail("unknown dataset %r: use digits or mnist" % args.dataset)
 # <<< shared: flags
 
 
@@ -270,7 +273,7 @@ def report(role, metrics_file, metrics):
 # ==================================================================================================
 def main(argv=None):
     args = common_flags(__doc__.splitlines()[0]).parse_args(argv)
-    check_positive(args, "steps", "batch_size", "learning_rate", "hidden", "log_every")
+    check_common_flags(args)
     args.log_dir = args.log_dir or default_log_dir()
     tf.compat.v1.disable_eager_execution()
     tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)
