@@ -376,6 +376,7 @@ def train(args, cluster, server):
     local_step, ok, started = 0, False, time.time()
     try:
         with training_session(args, server, is_chief, hooks, [peers]) as sess:
+            print("[%s] training started" % role, flush=True)
             train_started = last_time = time.time()
             last_step = 0
             while not sess.should_stop():

@@ -1,0 +1,140 @@
+"""Helpers for tests that start real processes: every wait is bounded, nothing is left running."""
+import importlib.util
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DISTRIBUTED_EXAMPLES = ["Distributed-Setup"]
+EXAMPLES = ["Non-Distributed-Setup"] + DISTRIBUTED_EXAMPLES
+
+
+def example_dir(example):
+    return os.path.join(ROOT, example)
+
+
+def load_train_module(example):
+    """Import an example's train.py as a module (its main() only runs when executed)."""
+    name = "train_" + re.sub(r"\W", "_", example)
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, os.path.join(example_dir(example),
+                                                                         "train.py"))
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules[name] = module
+    return sys.modules[name]
+
+
+def processes_mentioning(marker):
+    """PIDs of processes whose command line contains marker (a test's own temp path)."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            with open("/proc/%s/cmdline" % pid, "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in cmdline:
+            found.append((int(pid), cmdline))
+    return found
+
+
+class Run(object):
+    def __init__(self, code, lines, seconds):
+        self.code, self.lines, self.seconds = code, lines, seconds
+        self.output = "\n".join(line for _, line in lines)
+
+    def summary(self):
+        """The chief's summary line as a dict of strings."""
+        found = [l for _, l in self.lines if "] summary " in l]
+        assert found, "no summary line in the output:\n" + self.output[-3000:]
+        return dict(kv.split("=", 1) for kv in found[-1].split("] summary ", 1)[1].split())
+
+    def first_time(self, text):
+        """When the first line containing text arrived (seconds since the epoch)."""
+        for t, line in self.lines:
+            if text in line:
+                return t
+        pytest.fail("no line containing %r in:\n%s" % (text, self.output[-3000:]))
+
+
+def start_example(example, args, env=None):
+    """Start bash run.sh in its own session, so a test can always stop all of it."""
+    full_env = dict(os.environ, **(env or {}))
+    return subprocess.Popen(["bash", os.path.join(example_dir(example), "run.sh")] + list(args),
+                            cwd=example_dir(example), env=full_env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def finish(proc, timeout):
+    """Collect the output lines with their arrival times until run.sh exits (at most timeout)."""
+    started, lines = time.time(), []
+
+    def read():
+        for line in proc.stdout:
+            lines.append((time.time(), line.rstrip("\n")))
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        reader.join(5)
+        pytest.fail("run.sh did not finish within %d s; output:\n%s"
+                    % (timeout, "\n".join(l for _, l in lines)[-3000:]))
+    reader.join(10)
+    return Run(proc.returncode, lines, time.time() - started)
+
+
+@pytest.fixture
+def run_example(tmp_path):
+    """run_example(example, *args, env=..., timeout=...) -> Run; asserts no process is left."""
+    def run(example, *args, env=None, timeout=180, log_dir=None):
+        log_dir = log_dir or str(tmp_path / "logs")
+        proc = start_example(example, ["--log_dir", log_dir] + list(args), env)
+        return finish(proc, timeout)
+    yield run
+    assert_nothing_left(str(tmp_path))
+
+
+def assert_nothing_left(marker, grace=5.0):
+    deadline = time.time() + grace
+    while processes_mentioning(marker) and time.time() < deadline:
+        time.sleep(0.1)  # processes that were told to exit may take a moment to go
+    left = processes_mentioning(marker)
+    for pid, _ in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, "processes left running: %s" % left
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("localhost", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def run_train(example, args, env=None, timeout=60):
+    """Run one train.py directly; returns (exit code, stdout, stderr)."""
+    full_env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    full_env.update(env or {})
+    proc = subprocess.run([sys.executable, os.path.join(example_dir(example), "train.py")]
+                          + list(args), env=full_env, capture_output=True, text=True,
+                          timeout=timeout)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def error_lines(stderr):
+    """The lines our code wrote to stderr (TensorFlow's own start-up lines are not ours)."""
+    return [l for l in stderr.splitlines() if l.startswith("error: ")]

@@ -1,0 +1,296 @@
+"""The template every example copies: Non-Distributed-Setup and Distributed-Setup, end to end."""
+import json
+import os
+import signal
+import socket
+import time
+
+import numpy as np
+import pytest
+
+from conftest import (assert_nothing_left, error_lines, finish, free_port, load_train_module,
+                      run_train, start_example)
+
+ACCURACY_BAR = 0.95
+
+
+# --- Training end to end through run.sh -----------------------------------------------------------
+def test_non_distributed_setup_reaches_the_accuracy_bar_with_its_defaults(run_example, tmp_path):
+    metrics_file = tmp_path / "metrics.json"
+    run = run_example("Non-Distributed-Setup", "--metrics_file", str(metrics_file), timeout=120)
+    assert run.code == 0, run.output[-3000:]
+    summary = run.summary()
+    assert float(summary["test_accuracy"]) >= ACCURACY_BAR
+    assert summary["global_step"] == "2000"
+    metrics = json.loads(metrics_file.read_text())
+    assert metrics["test_accuracy"] == pytest.approx(float(summary["test_accuracy"]), abs=1e-4)
+    assert metrics["history"], "the accuracy history is recorded"
+
+
+def test_distributed_setup_reaches_the_accuracy_bar_and_every_process_exits(run_example,
+                                                                             tmp_path):
+    run = run_example("Distributed-Setup", timeout=180)
+    assert run.code == 0, run.output[-3000:]
+    summary = run.summary()
+    assert float(summary["test_accuracy"]) >= ACCURACY_BAR
+    assert summary["workers"] == "1" and summary["global_step"] == "2000"
+    for key in ("wall_seconds", "steps_per_sec", "examples_per_sec"):
+        assert float(summary[key]) > 0
+    assert "[ps0] all 1 worker(s) done; shutting down" in run.output
+    assert "[run.sh] all processes finished" in run.output
+    # the chief wrote real checkpoints and TensorBoard events
+    names = os.listdir(tmp_path / "logs")
+    assert "checkpoint" in names and any(n.startswith("events.out.tfevents") for n in names)
+
+
+def test_with_two_workers_the_global_step_counts_every_worker_step(run_example):
+    run = run_example("Distributed-Setup", "--steps", "600", env={"NUM_WORKERS": "2"})
+    assert run.code == 0, run.output[-3000:]
+    summary = run.summary()
+    local_steps = [int(s) for s in summary["local_steps"].split(",")]
+    assert len(local_steps) == 2 and all(s > 0 for s in local_steps)
+    assert sum(local_steps) == int(summary["global_step"])
+    assert "[worker1] done: local_steps=%d" % local_steps[1] in run.output
+
+
+def test_non_chief_workers_start_training_within_seconds_of_the_chief(run_example):
+    # the stock MonitoredTrainingSession would keep worker1 waiting about 30 s
+    run = run_example("Distributed-Setup", "--steps", "3000", env={"NUM_WORKERS": "2"})
+    assert run.code == 0, run.output[-3000:]
+    lag = run.first_time("[worker1] training started") - run.first_time(
+        "[worker0] training started")
+    assert lag < 3.0, "worker1 started %.1f s after the chief" % lag
+    local_steps = [int(s) for s in run.summary()["local_steps"].split(",")]
+    assert local_steps[1] > 0.25 * sum(local_steps)
+
+
+def test_a_rerun_with_the_same_log_dir_resumes_from_the_checkpoint(run_example, tmp_path):
+    log_dir = str(tmp_path / "resume")
+    first = run_example("Distributed-Setup", "--steps", "300", log_dir=log_dir)
+    assert first.code == 0 and first.summary()["global_step"] == "300", first.output[-3000:]
+    second = run_example("Distributed-Setup", "--steps", "500", log_dir=log_dir)
+    assert second.code == 0, second.output[-3000:]
+    assert "resuming from the checkpoint at global step 300" in second.output
+    summary = second.summary()
+    assert summary["global_step"] == "500" and summary["local_steps"] == "200"
+
+
+def test_the_default_log_dir_is_new_for_every_run(tmp_path):
+    train = load_train_module("Distributed-Setup")
+    first = train.default_log_dir()
+    time.sleep(1.1)  # the folder name has one-second resolution plus the process id
+    assert train.default_log_dir() != first
+
+
+def test_a_worker_killed_mid_run_does_not_hang_the_others(tmp_path):
+    proc = start_example("Distributed-Setup", ["--log_dir", str(tmp_path / "logs"), "--steps",
+                                               "3000", "--log_every", "50"],
+                         env={"NUM_WORKERS": "2"})
+    seen = read_until(proc, "[worker1] local_step=", timeout=90)
+    victim = int(seen.split("started worker1 pid=")[1].split()[0])
+    os.kill(victim, signal.SIGKILL)
+    run = finish(proc, timeout=120)  # the chief trains on alone, then everything exits
+    assert run.code == 1
+    summary = run.summary()
+    assert summary["global_step"] == "3000" and summary["lost_workers"] == "1"
+    assert float(summary["test_accuracy"]) >= ACCURACY_BAR
+    assert "[ps0] error: worker(s) 1 failed or were lost" in run.output
+    assert "worker1 (exit 137)" in run.output
+    assert_nothing_left(str(tmp_path))
+
+
+def read_until(proc, text, timeout):
+    """Read run.sh's output until a line contains text; return what was read."""
+    deadline, seen = time.time() + timeout, []
+    for line in proc.stdout:
+        seen.append(line)
+        if text in line:
+            return "".join(seen)
+        if time.time() > deadline:
+            break
+    os.killpg(proc.pid, signal.SIGKILL)
+    pytest.fail("no line with %r within %d s:\n%s" % (text, timeout, "".join(seen)[-3000:]))
+
+
+def test_ctrl_c_stops_every_process(tmp_path):
+    proc = start_example("Distributed-Setup", ["--log_dir", str(tmp_path / "logs"),
+                                               "--steps", "100000"], env={"NUM_WORKERS": "2"})
+    read_until(proc, "[worker1] training started", timeout=90)
+    os.killpg(proc.pid, signal.SIGINT)  # what a terminal sends to the foreground group
+    run = finish(proc, timeout=30)
+    assert run.code == 130, run.output[-2000:]
+    assert "interrupted: stopping every process" in run.output
+    assert_nothing_left(str(tmp_path))
+
+
+def test_the_launcher_picks_different_ports_for_two_runs_at_once(tmp_path):
+    procs = [start_example("Distributed-Setup", ["--log_dir", str(tmp_path / ("logs%d" % i)),
+                                                 "--steps", "200"]) for i in range(2)]
+    runs = [finish(p, timeout=120) for p in procs]
+    for run in runs:
+        assert run.code == 0, run.output[-3000:]
+    ports = [set(l.split("localhost:")[1] for _, l in r.lines if "] started " in l) for r in runs]
+    assert not ports[0] & ports[1]
+    assert_nothing_left(str(tmp_path))
+
+
+# --- Bad input: one clear line and a non-zero exit ------------------------------------------------
+def cluster(ps=None, workers=None):
+    return ["--ps_hosts", "localhost:%d" % (ps or free_port()),
+            "--worker_hosts", ",".join("localhost:%d" % (w or free_port()) for w in
+                                       (workers or [None]))]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--job_name", "chef"] + cluster(), "unknown job name 'chef': use ps or worker"),
+    (["--job_name", "worker", "--task_index", "2"] + cluster(workers=[None, None]),
+     "task index 2 is out of range: the worker job has 2 task(s), 0..1"),
+    (["--job_name", "ps", "--ps_hosts", "localhost", "--worker_hosts", "localhost:1"],
+     "--ps_hosts: 'localhost' is not host:port"),
+    (["--job_name", "worker", "--ps_hosts", "localhost:1", "--worker_hosts", "a:2,,b:3"],
+     "--worker_hosts: '' is not host:port"),
+    (["--job_name", "worker", "--dataset", "cifar"] + cluster(), "unknown dataset 'cifar'"),
+    (["--job_name", "worker", "--steps", "0"] + cluster(), "--steps must be positive"),
+    (["--job_name", "worker", "--steps", "many"] + cluster(), "invalid int value: 'many'"),
+])
+def test_bad_input_gets_one_clear_line_and_a_non_zero_exit(args, message):
+    code, _, stderr = run_train("Distributed-Setup", args)
+    assert code == 2
+    assert len(error_lines(stderr)) == 1 and message in error_lines(stderr)[0], stderr
+    assert "Traceback" not in stderr
+
+
+def test_a_port_already_in_use_is_reported(tmp_path):
+    busy = socket.socket()
+    busy.bind(("", 0))
+    busy.listen(1)
+    port = busy.getsockname()[1]
+    try:
+        code, _, stderr = run_train("Distributed-Setup", ["--job_name", "ps"] + cluster(ps=port))
+    finally:
+        busy.close()
+    assert code == 2 and "port %d (ps 0) is already in use" % port in stderr, stderr
+    assert "Traceback" not in stderr
+
+
+def test_an_unreachable_parameter_server_is_reported_after_the_timeout():
+    started = time.time()
+    code, _, stderr = run_train("Distributed-Setup", ["--job_name", "worker",
+                                                      "--connect_timeout", "2"] + cluster())
+    assert code == 2 and "cannot reach ps 0 at localhost:" in stderr, stderr
+    assert time.time() - started < 30
+    assert "Traceback" not in stderr
+
+
+def test_a_malformed_tf_config_is_reported():
+    code, _, stderr = run_train("Distributed-Setup", [], env={"TF_CONFIG": "{not json"})
+    assert code == 2 and "TF_CONFIG is not valid cluster JSON" in stderr, stderr
+
+
+def test_run_sh_rejects_a_bad_worker_count(tmp_path):
+    run = finish(start_example("Distributed-Setup", ["--log_dir", str(tmp_path)],
+                               env={"NUM_WORKERS": "two"}), timeout=30)
+    assert run.code == 2 and "NUM_PS and NUM_WORKERS must be positive integers" in run.output
+
+
+# --- Cluster from flags or TF_CONFIG --------------------------------------------------------------
+def parse(argv, env=None, monkeypatch=None):
+    train = load_train_module("Distributed-Setup")
+    parser = train.common_flags("test")
+    train.cluster_flags(parser)
+    return train.resolve_cluster(parser.parse_args(argv))
+
+
+def test_the_cluster_comes_from_the_flags(monkeypatch):
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    cluster, job, index = parse(["--job_name", "worker", "--task_index", "1", "--ps_hosts",
+                                 "h0:2222", "--worker_hosts", "h1:2222, h2:2222"])
+    assert cluster == {"ps": ["h0:2222"], "worker": ["h1:2222", "h2:2222"]}
+    assert (job, index) == ("worker", 1)
+
+
+def test_tf_config_is_read_when_no_cluster_flags_are_given(monkeypatch):
+    monkeypatch.setenv("TF_CONFIG", json.dumps({
+        "cluster": {"ps": ["ps-0:2222"], "worker": ["w-0:2222", "w-1:2222"]},
+        "task": {"type": "worker", "index": 1}, "environment": "cloud"}))
+    assert parse([]) == ({"ps": ["ps-0:2222"], "worker": ["w-0:2222", "w-1:2222"]}, "worker", 1)
+
+
+def test_a_tf_config_chief_becomes_worker_0_and_the_workers_follow(monkeypatch):
+    spec = {"chief": ["c:2222"], "ps": ["p:2222"], "worker": ["w0:2222", "w1:2222"]}
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": spec, "task": {"type": "chief"}}))
+    cluster, job, index = parse([])
+    assert cluster["worker"] == ["c:2222", "w0:2222", "w1:2222"] and (job, index) == ("worker", 0)
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": spec,
+                                                "task": {"type": "worker", "index": 1}}))
+    assert parse([])[1:] == ("worker", 2)
+
+
+def test_cluster_flags_win_over_tf_config(monkeypatch):
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"ps": ["x:1"], "worker": ["y:1"]},
+                                                "task": {"type": "ps", "index": 0}}))
+    assert parse(["--job_name", "worker", "--ps_hosts", "a:1", "--worker_hosts", "b:1"]) == (
+        {"ps": ["a:1"], "worker": ["b:1"]}, "worker", 0)
+
+
+# --- Data -----------------------------------------------------------------------------------------
+def test_the_digits_split_is_fixed_and_disjoint():
+    train = load_train_module("Distributed-Setup")
+    a, b = train.load_dataset("digits"), train.load_dataset("digits")
+    assert np.array_equal(a.x_test, b.x_test) and len(a.x_train) + len(a.x_test) == 1797
+    train_rows = set(map(bytes, a.x_train))
+    assert sum(bytes(r) in train_rows for r in a.x_test) < 0.05 * len(a.x_test)  # few duplicates
+
+
+def test_mnist_loads_from_a_local_npz(tmp_path):
+    train = load_train_module("Distributed-Setup")
+    rng = np.random.default_rng(0)
+    path = tmp_path / "mnist.npz"
+    np.savez(path, x_train=rng.integers(0, 256, (50, 28, 28), dtype=np.uint8),
+             y_train=rng.integers(0, 10, 50), x_test=rng.integers(0, 256, (20, 28, 28),
+                                                                 dtype=np.uint8),
+             y_test=rng.integers(0, 10, 20))
+    data = train.load_dataset("mnist", str(path))
+    assert data.x_train.shape == (50, 784) and data.x_test.shape == (20, 784)
+    assert data.pixel_max == 255 and data.y_train.dtype == np.int64
+
+
+def test_the_mnist_path_trains_end_to_end_on_a_tiny_file(run_example, tmp_path):
+    rng = np.random.default_rng(1)
+    path = tmp_path / "tiny.npz"
+    np.savez(path, x_train=rng.integers(0, 256, (256, 28, 28), dtype=np.uint8),
+             y_train=rng.integers(0, 10, 256), x_test=rng.integers(0, 256, (64, 28, 28),
+                                                                  dtype=np.uint8),
+             y_test=rng.integers(0, 10, 64))
+    run = run_example("Distributed-Setup", "--dataset", "mnist", "--data_path", str(path),
+                      "--steps", "20")
+    assert run.code == 0, run.output[-3000:]
+    assert run.summary()["global_step"] == "20"
+
+
+def test_a_missing_mnist_file_is_reported_in_one_line(tmp_path):
+    code, _, stderr = run_train("Non-Distributed-Setup", [
+        "--dataset", "mnist", "--data_path", str(tmp_path / "nope.npz"), "--log_dir",
+        str(tmp_path / "logs")])
+    assert code == 2 and "could not load MNIST" in stderr and "Traceback" not in stderr
+
+
+def batches_of(train, worker, num_workers, n):
+    """The first n batches that one worker's pipeline yields, as sets of example ids."""
+    import tensorflow as tf
+    ids = np.arange(400)
+    data = train.Dataset(ids.reshape(-1, 1), ids, ids[:1].reshape(-1, 1), ids[:1], 1)
+    with tf.Graph().as_default():
+        _, y = train.training_batches(data, 32, worker, num_workers, seed=0)
+        with tf.compat.v1.Session() as s:
+            return [frozenset(s.run(y).tolist()) for _ in range(n)]
+
+
+def test_each_worker_draws_its_own_batches_and_every_step_sees_a_new_one():
+    train = load_train_module("Distributed-Setup")
+    worker0, worker1 = batches_of(train, 0, 2, 12), batches_of(train, 1, 2, 12)
+    assert not set().union(*worker0) & set().union(*worker1), "the workers' shards overlap"
+    for batches in (worker0, worker1):
+        assert len(set(batches)) == len(batches), "a batch came twice"
+        epoch = 200 // 32
+        assert len(set().union(*batches[:epoch])) == epoch * 32, "an epoch repeats an example"
