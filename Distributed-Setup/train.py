@@ -86,6 +86,8 @@ def check_common_flags(args):
     for name in ("steps", "batch_size", "learning_rate", "hidden", "log_every"):
         if getattr(args, name) <= 0:
             fail("--%s must be positive, got %s" % (name, getattr(args, name)))
+    if args.eval_every < 0:
+        fail("--eval_every must be 0 (only at the end) or positive, got %d" % args.eval_every)
     if args.dataset not in ("digits", "mnist"):
         fail("unknown dataset %r: use digits or mnist" % args.dataset)
 # <<< shared: flags
@@ -377,17 +379,23 @@ def train(args, cluster, server):
     try:
         with training_session(args, server, is_chief, hooks, [peers]) as sess:
             print("[%s] training started" % role, flush=True)
+            sess.run(train_op)  # the first step also sets the graph up on every server: untimed
+            local_step = 1
             train_started = last_time = time.time()
-            last_step = 0
             while not sess.should_stop():
-                _, loss_value, step = sess.run([train_op, loss, global_step])
                 local_step += 1
-                if local_step % args.log_every == 0:
+                log_now = local_step % args.log_every == 0
+                eval_now = is_chief and args.eval_every and local_step % args.eval_every == 0
+                if not (log_now or eval_now):
+                    sess.run(train_op)  # fetch nothing more: each fetch is one more transfer
+                    continue
+                _, loss_value, step = sess.run([train_op, loss, global_step])
+                if log_now:
                     now = time.time()
                     progress(role, local_step, step, loss_value,
-                             (local_step - last_step) / (now - last_time))
-                    last_time, last_step = now, local_step
-                if is_chief and args.eval_every and local_step % args.eval_every == 0:
+                             args.log_every / (now - last_time))
+                    last_time = now
+                if eval_now:
                     sess.run_step_fn(lambda step_context: record_test_accuracy(
                         step_context.session, step, time.time() - started))  # no hooks
             train_seconds = time.time() - train_started
@@ -403,7 +411,7 @@ def train(args, cluster, server):
         final_step = int(session.run(global_step))
         final_accuracy = record_test_accuracy(session, final_step, time.time() - started)
     writer.flush()
-    steps_done = final_step - start_step
+    steps_done = final_step - start_step - 1  # the timed steps: all but the chief's first
     lost = [w for w, steps in peers.local_steps.items() if steps == FAILED]
     report(role, args.metrics_file, collections.OrderedDict([
         ("example", EXAMPLE), ("test_accuracy", final_accuracy), ("global_step", final_step),

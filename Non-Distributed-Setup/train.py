@@ -76,6 +76,8 @@ def check_common_flags(args):
     for name in ("steps", "batch_size", "learning_rate", "hidden", "log_every"):
         if getattr(args, name) <= 0:
             fail("--%s must be positive, got %s" % (name, getattr(args, name)))
+    if args.eval_every < 0:
+        fail("--eval_every must be 0 (only at the end) or positive, got %d" % args.eval_every)
     if args.dataset not in ("digits", "mnist"):
         fail("unknown dataset %r: use digits or mnist" % args.dataset)
 # <<< shared: flags
@@ -213,26 +215,33 @@ def train(args):
             print("[%s] resuming from the checkpoint at global step %d" % (role, start_step))
         else:
             sess.run(tf.compat.v1.global_variables_initializer())
+        print("[%s] training started" % role, flush=True)
+        sess.run(train_op)  # the first step also sets the graph up: untimed, as in the others
+        local_step = 1
         train_started = last_time = time.time()
-        last_step, step = 0, start_step
-        while step < args.steps:
-            _, loss_value = sess.run([train_op, loss])
+        while start_step + local_step < args.steps:
             local_step += 1
             step = start_step + local_step
-            if local_step % args.log_every == 0:
+            log_now = local_step % args.log_every == 0
+            eval_now = args.eval_every and local_step % args.eval_every == 0
+            if not (log_now or eval_now):
+                sess.run(train_op)
+                continue
+            _, loss_value = sess.run([train_op, loss])
+            if log_now:
                 now = time.time()
-                progress(role, local_step, step, loss_value,
-                         (local_step - last_step) / (now - last_time))
-                last_time, last_step = now, local_step
+                progress(role, local_step, step, loss_value, args.log_every / (now - last_time))
+                last_time = now
                 writer.add_summary(sess.run(summaries), step)
-            if args.eval_every and local_step % args.eval_every == 0:
+            if eval_now:
                 record_test_accuracy(sess, step, time.time() - started)
         train_seconds = time.time() - train_started
+        step = start_step + local_step
         saver.save(sess, os.path.join(args.log_dir, "model.ckpt"), global_step=step)
         final_step = int(sess.run(global_step))
         final_accuracy = record_test_accuracy(sess, final_step, time.time() - started)
     writer.close()
-    steps_done = final_step - start_step
+    steps_done = final_step - start_step - 1  # the timed steps: all but the first
     report(role, args.metrics_file, collections.OrderedDict([
         ("example", EXAMPLE), ("test_accuracy", final_accuracy), ("global_step", final_step),
         ("workers", 1), ("ps", 0), ("local_steps", [local_step]), ("lost_workers", 0),

@@ -1,0 +1,116 @@
+"""Where the time of one distributed step goes: the bound on between-graph throughput.
+
+    python benchmarks/step_anatomy.py [--batch_size 128] [--hidden 128] [--steps 2000]
+
+Builds Distributed-Setup's graph (1 ps + 1 worker on localhost) and Non-Distributed-Setup's,
+and measures, each averaged over --steps session.run calls:
+  - a one-process training step (the baseline);
+  - the cheapest possible distributed step: read one scalar from the ps;
+  - a distributed training step;
+  - how many tensors cross between the processes in one step (from a full trace);
+  - the CPU time the worker and the ps spend per step (from /proc).
+"""
+import argparse
+import importlib.util
+import os
+import socket
+import subprocess
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "Distributed-Setup"))
+import tensorflow as tf  # noqa: E402
+import train as template  # noqa: E402  (Distributed-Setup/train.py)
+
+
+def cpu_seconds(pid):
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rate(session, fetches, steps, pids=()):
+    """Steps per second of session.run(fetches), and CPU seconds per step of each pid."""
+    for _ in range(100):
+        session.run(fetches)
+    cpu = [cpu_seconds(p) for p in pids]
+    started = time.time()
+    for _ in range(steps):
+        session.run(fetches)
+    seconds = time.time() - started
+    return steps / seconds, [(cpu_seconds(p) - c) / steps for p, c in zip(pids, cpu)]
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--batch_size", type=int, default=128, help="(default: 128)")
+    p.add_argument("--hidden", type=int, default=128, help="(default: 128)")
+    p.add_argument("--steps", type=int, default=2000, help="(default: 2000)")
+    p.add_argument("--serve", default="", help=argparse.SUPPRESS)  # internal: be the ps
+    args = p.parse_args()
+    tf.compat.v1.disable_eager_execution()
+    flags = template.common_flags("x").parse_args(
+        ["--batch_size", str(args.batch_size), "--hidden", str(args.hidden)])
+    data = template.load_dataset("digits")
+
+    if args.serve:
+        cluster = dict(zip(("ps", "worker"), ([a] for a in args.serve.split(","))))
+        template.start_server(cluster, "ps", 0).join()  # killed by the parent when done
+
+    with tf.Graph().as_default():  # one process, the baseline
+        flags.task_index = 0
+        spec = importlib.util.spec_from_file_location(
+            "local_train", os.path.join(ROOT, "Non-Distributed-Setup", "train.py"))
+        local = sys.modules["local_train"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(local)
+        _, train_op, _, _ = local.build_training_graph(flags, data)
+        with tf.compat.v1.Session(config=tf.compat.v1.ConfigProto(
+                intra_op_parallelism_threads=1, inter_op_parallelism_threads=2)) as s:
+            s.run(tf.compat.v1.global_variables_initializer())
+            local_rate, (local_cpu,) = rate(s, train_op, args.steps, [os.getpid()])
+
+    ports = []
+    for _ in range(2):
+        with socket.socket() as sock:
+            sock.bind(("localhost", 0))
+            ports.append(sock.getsockname()[1])
+    addresses = ["localhost:%d" % port for port in ports]
+    ps = subprocess.Popen([sys.executable, __file__, "--serve", ",".join(addresses)],
+                          stderr=subprocess.DEVNULL)
+    try:
+        cluster = {"ps": addresses[:1], "worker": addresses[1:]}
+        with tf.Graph().as_default():
+            server = template.start_server(cluster, "worker", 0)
+            template.wait_until_listening(cluster["ps"], "ps", 60)
+            global_step, train_op, _, _ = template.build_training_graph(flags, cluster, data)
+            with tf.compat.v1.Session(server.target, config=template.session_config(0)) as s:
+                s.run(tf.compat.v1.global_variables_initializer())
+                read_rate, _ = rate(s, global_step, args.steps)
+                step_rate, (worker_cpu, ps_cpu) = rate(s, train_op, args.steps,
+                                                       [os.getpid(), ps.pid])
+                metadata = tf.compat.v1.RunMetadata()
+                s.run(train_op, run_metadata=metadata, options=tf.compat.v1.RunOptions(
+                    trace_level=tf.compat.v1.RunOptions.FULL_TRACE))
+    finally:
+        ps.kill()
+        ps.wait()
+    transfers = sum(1 for d in metadata.step_stats.dev_stats for n in d.node_stats
+                    if n.node_name == "RecvTensor")
+
+    print("batch %d, hidden %d, mean over %d calls each, %d CPU core(s)"
+          % (args.batch_size, args.hidden, args.steps, os.cpu_count()))
+    print("one-process training step      %7.0f steps/s  %.3f ms  (CPU %.3f ms/step)"
+          % (local_rate, 1e3 / local_rate, 1e3 * local_cpu))
+    print("distributed: read one scalar    %7.0f steps/s  %.3f ms  (ratio %.2f)"
+          % (read_rate, 1e3 / read_rate, read_rate / local_rate))
+    print("distributed: training step      %7.0f steps/s  %.3f ms  (ratio %.2f)"
+          % (step_rate, 1e3 / step_rate, step_rate / local_rate))
+    print("  tensors crossing processes per step: %d" % transfers)
+    print("  CPU per step: worker %.3f ms + ps %.3f ms = %.1fx the one-process step"
+          % (1e3 * worker_cpu, 1e3 * ps_cpu, (worker_cpu + ps_cpu) / local_cpu))
+
+
+if __name__ == "__main__":
+    main()
