@@ -12,8 +12,19 @@ import time
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DISTRIBUTED_EXAMPLES = ["Distributed-Setup"]
-EXAMPLES = ["Non-Distributed-Setup"] + DISTRIBUTED_EXAMPLES
+
+
+def _find_examples():
+    """Every folder with a train.py and a run.sh is an example; it is distributed when its
+    train.py carries the shared cluster block."""
+    found = sorted(d for d in os.listdir(ROOT) if os.path.isfile(os.path.join(ROOT, d, "train.py"))
+                   and os.path.isfile(os.path.join(ROOT, d, "run.sh")))
+    with_cluster = [d for d in found
+                    if "# >>> shared: cluster" in open(os.path.join(ROOT, d, "train.py")).read()]
+    return found, with_cluster
+
+
+EXAMPLES, DISTRIBUTED_EXAMPLES = _find_examples()
 
 
 def example_dir(example):
