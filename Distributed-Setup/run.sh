@@ -79,7 +79,7 @@ cleanup() {  # stop whatever still runs: TERM, then KILL after 5 s
   wait  # the labellers end with their process; let them print the last lines
   rm -rf "$tmp"
 }
-trap 'cleanup' EXIT
+trap 'cleanup 2>/dev/null' EXIT  # bash may warn here about children it already reaped
 trap 'say "interrupted: stopping every process"; exit 130' INT TERM
 
 start() {  # start ROLE JOB INDEX: one train.py, its output labelled through a fifo

@@ -149,3 +149,16 @@ def run_train(example, args, env=None, timeout=60):
 def error_lines(stderr):
     """The lines our code wrote to stderr (TensorFlow's own start-up lines are not ours)."""
     return [l for l in stderr.splitlines() if l.startswith("error: ")]
+
+
+def read_until(proc, text, timeout):
+    """Read run.sh's output until a line contains text; return what was read."""
+    deadline, seen = time.time() + timeout, []
+    for line in proc.stdout:
+        seen.append(line)
+        if text in line:
+            return "".join(seen)
+        if time.time() > deadline:
+            break
+    os.killpg(proc.pid, signal.SIGKILL)
+    pytest.fail("no line with %r within %d s:\n%s" % (text, timeout, "".join(seen)[-3000:]))

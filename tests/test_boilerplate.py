@@ -10,7 +10,7 @@ from conftest import DISTRIBUTED_EXAMPLES, EXAMPLES, example_dir
 BLOCK = re.compile(r"^# >>> shared: (\S+)\n(.*?)^# <<< shared: \1$", re.S | re.M)
 EVERY_TRAIN_PY = {"flags", "data", "model", "reporting"}
 DISTRIBUTED_TRAIN_PY = EVERY_TRAIN_PY | {"cluster", "sessions", "shutdown"}
-ALLOWED_IMPORTS = {"argparse", "collections", "json", "os", "socket", "sys", "time",
+ALLOWED_IMPORTS = {"argparse", "collections", "json", "os", "socket", "sys", "threading", "time",
                    "numpy", "tensorflow", "sklearn"}
 
 

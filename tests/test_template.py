@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import (assert_nothing_left, error_lines, finish, free_port, load_train_module,
-                      run_train, start_example)
+                      read_until, run_train, start_example)
 
 ACCURACY_BAR = 0.95
 
@@ -97,19 +97,6 @@ def test_a_worker_killed_mid_run_does_not_hang_the_others(tmp_path):
     assert "[ps0] error: worker(s) 1 failed or were lost" in run.output
     assert "worker1 (exit 137)" in run.output
     assert_nothing_left(str(tmp_path))
-
-
-def read_until(proc, text, timeout):
-    """Read run.sh's output until a line contains text; return what was read."""
-    deadline, seen = time.time() + timeout, []
-    for line in proc.stdout:
-        seen.append(line)
-        if text in line:
-            return "".join(seen)
-        if time.time() > deadline:
-            break
-    os.killpg(proc.pid, signal.SIGKILL)
-    pytest.fail("no line with %r within %d s:\n%s" % (text, timeout, "".join(seen)[-3000:]))
 
 
 def test_ctrl_c_stops_every_process(tmp_path):

@@ -1,0 +1,54 @@
+"""Sync-SGD with a straggler: step time with and without a backup worker, in one run.
+
+    python benchmarks/stragglers.py                 # 3 workers, one 0.1 s slower each step
+    python benchmarks/stragglers.py --delay 0.25 --steps 600
+
+Runs Sync-SGD/run.sh with NUM_WORKERS workers, the last one sleeping --delay seconds before
+each step, once with no backup worker (every step waits for all) and once with one (a step
+takes the first workers - 1 gradients), and once more without a straggler for reference.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run(workers, backup, delay, steps):
+    with tempfile.TemporaryDirectory() as tmp:
+        metrics_file = os.path.join(tmp, "metrics.json")
+        proc = subprocess.run(
+            ["bash", os.path.join(ROOT, "Sync-SGD", "run.sh"), "--steps", str(steps),
+             "--backup_workers", str(backup), "--straggler_delay", str(delay), "--eval_every",
+             "0", "--log_every", str(10 ** 9), "--log_dir", os.path.join(tmp, "logs"),
+             "--metrics_file", metrics_file], env=dict(os.environ, NUM_WORKERS=str(workers)),
+            capture_output=True, text=True, timeout=900)
+        if proc.returncode != 0:
+            sys.exit("stragglers: the run with b=%d failed:\n%s" % (backup, proc.stdout[-2000:]))
+        with open(metrics_file) as f:
+            return json.load(f)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--workers", type=int, default=3, help="(default: 3)")
+    p.add_argument("--delay", type=float, default=0.1, help="straggler's extra seconds a step")
+    p.add_argument("--steps", type=int, default=600, help="mini-batches per run (default: 600)")
+    args = p.parse_args()
+    print("| straggler delay | backup workers | gradients a step | step time | steps/s "
+          "| dropped gradients | test accuracy |")
+    print("|---|---|---|---|---|---|---|")
+    for delay, backup in [(0, 0), (args.delay, 0), (args.delay, 1)]:
+        m = run(args.workers, backup, delay, args.steps)
+        print("| %g s | %d | %d of %d | %.3f s | %.1f | %d | %.3f |" % (
+            delay, backup, m["replicas_to_aggregate"], m["workers"], m["step_seconds"],
+            1 / m["step_seconds"], m["dropped_gradients"], m["test_accuracy"]), flush=True)
+    print("\n%d workers on %d CPU core(s); --steps %d mini-batches per run"
+          % (args.workers, os.cpu_count(), args.steps))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,113 @@
+"""Sync-SGD: lockstep steps, backup workers against stragglers and dead workers, no hang."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from conftest import (assert_nothing_left, error_lines, example_dir, finish, free_port,
+                      read_until, run_train, start_example)
+
+ACCURACY_BAR = 0.95
+
+
+def local_steps(summary):
+    return [int(s) for s in summary["local_steps"].split(",")]
+
+
+def test_sync_sgd_reaches_the_bar_with_every_worker_in_every_step_and_exits_promptly(
+        run_example):
+    run = run_example("Sync-SGD", timeout=240)
+    assert run.code == 0, run.output[-3000:]
+    summary = run.summary()
+    assert float(summary["test_accuracy"]) >= ACCURACY_BAR
+    global_step = int(summary["global_step"])
+    assert global_step == 1000  # --steps 2000 mini-batches, two per synchronous step
+    for steps in local_steps(summary):  # each worker pushed one gradient in every step
+        assert abs(steps - global_step) <= 1, summary
+    assert summary["dropped_gradients"] == "0"
+    # all processes are gone within seconds of the last step, not after a 2-minute grace
+    last_step = max(run.first_time("[worker1] done"), run.first_time("[worker0] summary"))
+    assert run.first_time("[run.sh] all processes finished") - last_step < 15
+
+
+def test_the_chief_does_not_train_alone_while_another_worker_starts(tmp_path):
+    ps_port, chief_port, late_port = free_port(), free_port(), free_port()
+    common = [sys.executable, os.path.join(example_dir("Sync-SGD"), "train.py"),
+              "--ps_hosts", "localhost:%d" % ps_port,
+              "--worker_hosts", "localhost:%d,localhost:%d" % (chief_port, late_port),
+              "--steps", "200", "--log_dir", str(tmp_path / "logs"), "--connect_timeout", "60"]
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    run = lambda *role: subprocess.Popen(common + list(role), env=env, stdout=subprocess.PIPE,
+                                         stderr=subprocess.STDOUT, text=True)
+    ps, chief = run("--job_name", "ps"), run("--job_name", "worker", "--task_index", "0")
+    try:
+        for line in chief.stdout:  # the chief is training (or trying to) before worker1 exists
+            if "training started" in line:
+                break
+        late = run("--job_name", "worker", "--task_index", "1")
+        chief_out, _ = chief.communicate(timeout=120)
+        late_out, _ = late.communicate(timeout=60)
+        ps.communicate(timeout=30)
+    finally:
+        for p in (ps, chief):
+            p.kill()
+    summary_line = [l for l in chief_out.splitlines() if "] summary " in l][0]
+    summary = dict(kv.split("=", 1) for kv in summary_line.split("] summary ")[1].split())
+    chief_steps, late_steps = local_steps(summary)
+    assert int(summary["global_step"]) == 100
+    assert chief_steps <= 101 and late_steps >= 99, summary  # no step made of chief gradients only
+    assert_nothing_left(str(tmp_path))
+
+
+def straggler_run(run_example, backup_workers):
+    run = run_example("Sync-SGD", "--steps", "60", "--backup_workers", str(backup_workers),
+                      "--straggler_delay", "0.25", "--log_every", "1000", "--eval_every", "0",
+                      env={"NUM_WORKERS": "3"}, timeout=180)
+    assert run.code == 0, run.output[-3000:]
+    return run.summary()
+
+
+def test_with_a_backup_worker_the_step_time_follows_the_fast_workers(run_example):
+    waiting = straggler_run(run_example, backup_workers=0)
+    with_backup = straggler_run(run_example, backup_workers=1)
+    # b = 0: every step waits for the straggler's 0.25 s; b = 1: the two fast workers decide
+    assert float(waiting["step_seconds"]) >= 0.2, waiting
+    assert float(with_backup["step_seconds"]) < 0.5 * float(waiting["step_seconds"]), with_backup
+    assert int(with_backup["dropped_gradients"]) > 0  # the straggler's late gradients
+
+
+def test_with_a_backup_worker_a_killed_worker_does_not_stop_training(tmp_path):
+    proc = start_example("Sync-SGD", ["--log_dir", str(tmp_path / "logs"), "--steps", "2000",
+                                      "--backup_workers", "1", "--log_every", "50"],
+                         env={"NUM_WORKERS": "3"})
+    seen = read_until(proc, "[worker2] local_step=", timeout=120)
+    os.kill(int(seen.split("started worker2 pid=")[1].split()[0]), signal.SIGKILL)
+    run = finish(proc, timeout=180)
+    summary = run.summary()  # training completed and reported its accuracy
+    assert summary["global_step"] == "1000" and summary["lost_workers"] == "1"
+    assert float(summary["test_accuracy"]) >= ACCURACY_BAR
+    assert run.code == 1 and "worker2 (exit 137)" in run.output
+    assert_nothing_left(str(tmp_path))
+
+
+def test_without_backup_workers_a_killed_worker_stops_the_rest_with_a_clear_error(tmp_path):
+    proc = start_example("Sync-SGD", ["--log_dir", str(tmp_path / "logs"), "--steps", "100000",
+                                      "--step_timeout", "5", "--log_every", "50"])
+    seen = read_until(proc, "[worker1] local_step=", timeout=120)
+    os.kill(int(seen.split("started worker1 pid=")[1].split()[0]), signal.SIGKILL)
+    killed = time.time()
+    run = finish(proc, timeout=60)
+    assert run.code == 1
+    assert "[worker0] error: worker0: no synchronous step completed within 5 s" in run.output
+    assert "Traceback" not in run.output
+    assert time.time() - killed < 40
+    assert_nothing_left(str(tmp_path))
+
+
+def test_more_backup_workers_than_workers_allow_is_rejected():
+    code, _, stderr = run_train("Sync-SGD", [
+        "--job_name", "worker", "--backup_workers", "2", "--ps_hosts", "localhost:1",
+        "--worker_hosts", "localhost:2,localhost:3"])
+    assert code == 2
+    assert error_lines(stderr) == ["error: --backup_workers 2 needs at least 3 workers (have 2)"]
