@@ -1,0 +1,171 @@
+"""ADAG (AGN): the ps adds the accumulated parameter change divided by the window."""
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import assert_nothing_left, finish, free_port, load_train_module, start_example
+
+ACCURACY_BAR = 0.95
+adag = load_train_module("ADAG")
+
+
+# --- Helpers: a real cluster inside the test process, driven op by op -----------------------------
+def in_process_cluster(num_workers=1):
+    """One ps and num_workers worker servers (real gRPC servers) on free localhost ports."""
+    cluster = {"ps": ["localhost:%d" % free_port()],
+               "worker": ["localhost:%d" % free_port() for _ in range(num_workers)]}
+    spec = tf.compat.v1.train.ClusterSpec(cluster)
+    tf.compat.v1.train.Server(spec, job_name="ps", task_index=0, start=True)
+    workers = [tf.compat.v1.train.Server(spec, job_name="worker", task_index=i, start=True)
+               for i in range(num_workers)]
+    return cluster, workers
+
+
+def flags(module, add_flags, *argv):
+    parser = module.common_flags("test")
+    module.cluster_flags(parser)
+    add_flags(parser)
+    return parser.parse_args(["--hidden", "8"] + list(argv))
+
+
+def fixed_batch(n=16, features=5, seed=0):
+    rng = np.random.default_rng(seed)
+    return (tf.constant(rng.normal(size=(n, features)).astype(np.float32)),
+            tf.constant(rng.integers(0, 10, n)))
+
+
+def values(session, params):
+    return {name: v for name, v in zip(params, session.run(list(params.values())))}
+
+
+def one_worker_session(module, build, args, cluster, server):
+    """Build the algorithm for worker 0 on a fixed batch, initialised as the chief would."""
+    graph = tf.Graph()
+    with graph.as_default():
+        ops = build(args, cluster, *fixed_batch())
+        init = [tf.compat.v1.global_variables_initializer(),
+                tf.compat.v1.local_variables_initializer()]
+    session = tf.compat.v1.Session(server.target, graph=graph, config=module.session_config(0))
+    session.run(init[0])
+    session.run(init[1])  # after the globals: the local copies start from the ps
+    return ops, session
+
+
+# --- The algorithm, op by op ----------------------------------------------------------------------
+def test_adag_places_the_parameters_on_the_ps_and_the_local_copies_on_the_worker():
+    cluster, _ = in_process_cluster()
+    with tf.Graph().as_default():
+        adag.build_adag(flags(adag, adag.adag_flags), cluster, *fixed_batch())
+        for v in tf.compat.v1.global_variables():
+            assert v.device.startswith("/job:ps/task:0"), (v.name, v.device)
+        for v in tf.compat.v1.local_variables():
+            assert v.device.startswith("/job:worker/task:0"), (v.name, v.device)
+
+
+def test_adag_moves_the_ps_by_the_local_change_divided_by_the_window():
+    cluster, (worker,) = in_process_cluster()
+    args = flags(adag, adag.adag_flags, "--window", "4", "--learning_rate", "0.1")
+    ops, s = one_worker_session(adag, adag.build_adag, args, cluster, worker)
+    for push in (1, 2):  # the second window starts from the pulled parameters
+        before = values(s, ops.global_params)
+        for _ in range(args.window):
+            s.run(ops.local_step)
+        local = values(s, ops.local_params)
+        assert s.run(ops.push) == push
+        after = values(s, ops.global_params)
+        for name in before:
+            change = local[name] - before[name]
+            assert np.abs(change).max() > 1e-4, "the local steps should have moved %s" % name
+            np.testing.assert_allclose(after[name] - before[name], change / args.window,
+                                       rtol=1e-4, atol=1e-7, err_msg=name)
+        s.run(ops.pull)
+        for name, theta in values(s, ops.local_params).items():
+            np.testing.assert_array_equal(theta, after[name])
+
+
+def test_adag_with_a_window_of_one_equals_a_downpour_style_push():
+    # A window of 1 divides by 1: the push is the whole local change, as DOWNPOUR pushes it.
+    # Compare with the DOWNPOUR example itself, its ps doing plain SGD at the same learning
+    # rate, so that its push of the summed gradient is the same local change.
+    downpour = load_train_module("DOWNPOUR")
+    cluster, (worker,) = in_process_cluster()
+    args = flags(adag, adag.adag_flags, "--window", "1", "--learning_rate", "0.1")
+    ops, s = one_worker_session(adag, adag.build_adag, args, cluster, worker)
+    start = values(s, ops.global_params)
+    s.run(ops.local_step)
+    local = values(s, ops.local_params)
+    s.run(ops.push_and_pull)
+    by_adag = values(s, ops.global_params)
+
+    cluster, (worker,) = in_process_cluster()
+    args = flags(downpour, downpour.downpour_flags, "--window", "1", "--learning_rate", "0.1",
+                 "--ps_optimizer", "sgd", "--ps_learning_rate", "0.1")
+    ops, s = one_worker_session(downpour, downpour.build_downpour, args, cluster, worker)
+    np.testing.assert_array_equal(values(s, ops.global_params)["w1"], start["w1"])
+    s.run(ops.local_step)
+    s.run(ops.push_and_pull)
+    by_downpour = values(s, ops.global_params)
+    for name in start:
+        np.testing.assert_allclose(by_adag[name], local[name], rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(by_adag[name], by_downpour[name], rtol=1e-6, atol=1e-7)
+
+
+# --- End to end through run.sh --------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def default_run(tmp_path_factory):
+    """One run with the defaults (1 ps + 2 workers), shared by the tests that read it."""
+    tmp = tmp_path_factory.mktemp("adag_defaults")
+    proc = start_example("ADAG", ["--log_dir", str(tmp / "logs")])
+    run = finish(proc, timeout=180)
+    assert_nothing_left(str(tmp))
+    return run
+
+
+def test_adag_reaches_the_accuracy_bar_with_its_defaults(default_run):
+    assert default_run.code == 0, default_run.output[-3000:]
+    summary = default_run.summary()
+    assert float(summary["test_accuracy"]) >= ACCURACY_BAR
+    assert summary["workers"] == "2" and summary["lost_workers"] == "0"
+    assert "[ps0] all 2 worker(s) done; shutting down" in default_run.output
+    assert "[run.sh] all processes finished" in default_run.output
+
+
+def test_adag_pushes_once_per_window_per_worker(default_run):
+    summary = default_run.summary()
+    window, local_steps = int(summary["window"]), [int(s) for s in
+                                                   summary["local_steps"].split(",")]
+    assert window == 5 and all(s > 0 and s % window == 0 for s in local_steps), local_steps
+    assert int(summary["global_step"]) == sum(local_steps) // window
+    assert 400 <= int(summary["global_step"]) <= 401  # --steps 2000 / window 5, + 1 late push
+
+
+def test_adag_a_worker_killed_mid_run_does_not_hang_the_others(tmp_path):
+    proc = start_example("ADAG", ["--log_dir", str(tmp_path / "logs"), "--steps", "3000",
+                                  "--log_every", "50"])
+    seen = read_until(proc, "[worker1] local_step=", timeout=90)
+    victim = int(seen.split("started worker1 pid=")[1].split()[0])
+    os.kill(victim, signal.SIGKILL)
+    run = finish(proc, timeout=120)  # the chief trains on alone, then everything exits
+    assert run.code == 1, run.output[-3000:]
+    summary = run.summary()
+    assert summary["lost_workers"] == "1" and int(summary["global_step"]) >= 3000 // 5
+    assert "[ps0] error: worker(s) 1 failed or were lost" in run.output
+    assert "[run.sh] failed: " in run.output
+    assert_nothing_left(str(tmp_path))
+
+
+def read_until(proc, text, timeout):
+    """Read run.sh's output until a line contains text; return what was read."""
+    deadline, seen = time.time() + timeout, []
+    for line in proc.stdout:
+        seen.append(line)
+        if text in line:
+            return "".join(seen)
+        if time.time() > deadline:
+            break
+    os.killpg(proc.pid, signal.SIGKILL)
+    pytest.fail("no line with %r within %d s:\n%s" % (text, timeout, "".join(seen)[-3000:]))

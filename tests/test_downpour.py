@@ -1,0 +1,255 @@
+"""DOWNPOUR: local windows, accumulated gradients pushed to an Adagrad ps, pulls, a real barrier."""
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import assert_nothing_left, finish, free_port, load_train_module, start_example
+
+ACCURACY_BAR = 0.95
+downpour = load_train_module("DOWNPOUR")
+
+
+# --- Helpers: a real cluster inside the test process, driven op by op -----------------------------
+def in_process_cluster(num_workers=1):
+    """One ps and num_workers worker servers (real gRPC servers) on free localhost ports."""
+    cluster = {"ps": ["localhost:%d" % free_port()],
+               "worker": ["localhost:%d" % free_port() for _ in range(num_workers)]}
+    spec = tf.compat.v1.train.ClusterSpec(cluster)
+    tf.compat.v1.train.Server(spec, job_name="ps", task_index=0, start=True)
+    workers = [tf.compat.v1.train.Server(spec, job_name="worker", task_index=i, start=True)
+               for i in range(num_workers)]
+    return cluster, workers
+
+
+def flags(*argv):
+    parser = downpour.common_flags("test")
+    downpour.cluster_flags(parser)
+    downpour.downpour_flags(parser)
+    return parser.parse_args(["--hidden", "8"] + list(argv))
+
+
+def fixed_batch(n=16, features=5, seed=0):
+    rng = np.random.default_rng(seed)
+    return (tf.constant(rng.normal(size=(n, features)).astype(np.float32)),
+            tf.constant(rng.integers(0, 10, n)))
+
+
+def values(session, params):
+    return {name: v for name, v in zip(params, session.run(list(params.values())))}
+
+
+def assert_same(a, b):
+    for name in a:
+        np.testing.assert_allclose(a[name], b[name], rtol=1e-6, atol=1e-7, err_msg=name)
+
+
+def differs(a, b):
+    return any(not np.allclose(a[name], b[name], rtol=1e-6, atol=1e-7) for name in a)
+
+
+def one_worker_session(args, cluster, server, batch):
+    """Build DOWNPOUR for worker 0 in a new graph and initialise it as the chief would."""
+    graph = tf.Graph()
+    with graph.as_default():
+        ops = downpour.build_downpour(args, cluster, *batch())
+        init = [tf.compat.v1.global_variables_initializer(),
+                tf.compat.v1.local_variables_initializer()]
+    session = tf.compat.v1.Session(server.target, graph=graph,
+                                   config=downpour.session_config(0))
+    session.run(init[0])
+    session.run(init[1])  # after the globals: the local copies start from the ps
+    return ops, session
+
+
+# --- The algorithm, op by op ----------------------------------------------------------------------
+def test_downpour_places_the_parameters_on_the_ps_and_the_local_copies_on_the_worker():
+    cluster, _ = in_process_cluster()
+    with tf.Graph().as_default():
+        ops = downpour.build_downpour(flags("--local_optimizer", "adagrad"), cluster,
+                                      *fixed_batch())
+        for v in tf.compat.v1.global_variables():  # parameters, ps Adagrad state, global_step
+            assert v.device.startswith("/job:ps/task:0"), (v.name, v.device)
+        local = tf.compat.v1.local_variables()
+        assert {v.name for v in local} >= {v.name for v in ops.local_params.values()}
+        for v in local:  # local copies, accumulators, local Adagrad state
+            assert v.device.startswith("/job:worker/task:0"), (v.name, v.device)
+
+
+def test_downpour_local_params_drift_from_the_ps_between_pushes_and_equal_it_after_a_pull():
+    cluster, (worker,) = in_process_cluster()
+    args = flags("--window", "3")
+    ops, s = one_worker_session(args, cluster, worker, fixed_batch)
+    start = values(s, ops.global_params)
+    assert_same(values(s, ops.local_params), start)
+    for _ in range(args.window):
+        s.run(ops.local_step)
+        assert differs(values(s, ops.local_params), start), "the local copy should move"
+        assert_same(values(s, ops.global_params), start)  # the ps has not heard of it yet
+        assert s.run(ops.global_step) == 0
+    assert s.run(ops.push) == 1
+    after_push = values(s, ops.global_params)
+    assert differs(after_push, start), "the push should move the ps"
+    assert differs(values(s, ops.local_params), after_push), "no pull yet"
+    s.run(ops.pull)
+    assert_same(values(s, ops.local_params), after_push)
+
+
+def test_downpour_pushes_the_accumulated_gradient_through_adagrad_on_the_ps():
+    cluster, (worker,) = in_process_cluster()
+    args = flags("--window", "4", "--learning_rate", "0.05", "--ps_learning_rate", "0.2")
+    ops, s = one_worker_session(args, cluster, worker, fixed_batch)
+    start = values(s, ops.global_params)
+    for _ in range(args.window):
+        s.run(ops.local_step)
+    accumulated = values(s, ops.accumulated_gradients)
+    local = values(s, ops.local_params)
+    for name in start:  # with local SGD: the sum of the gradients is the distance walked / lr
+        np.testing.assert_allclose(accumulated[name], (start[name] - local[name]) / 0.05,
+                                   rtol=1e-3, atol=1e-4, err_msg=name)
+    s.run(ops.push_and_pull)
+    for name, theta in values(s, ops.global_params).items():
+        a = accumulated[name]  # Adagrad, first update: accumulator 0.1 + a^2
+        np.testing.assert_allclose(theta, start[name] - 0.2 * a / np.sqrt(0.1 + a * a),
+                                   rtol=1e-5, atol=1e-6, err_msg=name)
+    for a in values(s, ops.accumulated_gradients).values():
+        assert not a.any(), "the accumulator restarts at zero after a push"
+
+
+def test_downpour_local_adagrad_scales_each_step_by_the_squared_gradients_so_far():
+    cluster, (worker,) = in_process_cluster()
+    args = flags("--local_optimizer", "adagrad", "--learning_rate", "0.1")
+    ops, s = one_worker_session(args, cluster, worker, fixed_batch)
+    start = values(s, ops.local_params)
+    s.run(ops.local_step)
+    g = values(s, ops.accumulated_gradients)  # one step: the accumulator holds its gradient
+    for name, theta in values(s, ops.local_params).items():
+        np.testing.assert_allclose(theta, start[name] - 0.1 * g[name] / np.sqrt(0.1 + g[name] ** 2),
+                                   rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_downpour_every_local_step_uses_a_new_batch():
+    # Example ids as the only feature: the batch a local step trained on is visible in x.
+    ids = np.arange(400)
+    data = downpour.Dataset(ids.reshape(-1, 1), ids % 10, ids[:1].reshape(-1, 1), ids[:1], 1)
+    cluster, (worker,) = in_process_cluster()
+    args = flags("--window", "4", "--batch_size", "32")
+    with tf.Graph().as_default() as graph:
+        x, y = downpour.training_batches(data, args.batch_size, 0, 1, seed=0)
+        ops = downpour.build_downpour(args, cluster, x, y)
+        init = [tf.compat.v1.global_variables_initializer(),
+                tf.compat.v1.local_variables_initializer()]
+    seen = []
+    with tf.compat.v1.Session(worker.target, graph=graph,
+                              config=downpour.session_config(0)) as s:
+        s.run(init[0])
+        s.run(init[1])
+        for _ in range(3):  # three windows, each ended by a push and a pull
+            for _ in range(args.window):
+                seen.append(frozenset(s.run([ops.local_step, x])[1][:, 0].astype(int)))
+            s.run(ops.push_and_pull)
+    epoch = len(ids) // args.batch_size  # 12 local steps: one epoch
+    assert len(seen) == epoch and len(set(seen)) == epoch, "a local step reused a batch"
+    assert len(set().union(*seen)) == epoch * args.batch_size, "an example came twice"
+
+
+def test_downpour_workers_start_from_the_ps_values_through_the_session_barrier():
+    # Worker 1 asks for its session before the chief has initialised anything. It must wait,
+    # then take its local copy from the ps: the chief's values (seed 1), not its own (seed 0).
+    cluster, workers = in_process_cluster(num_workers=2)
+    worker1_args = flags("--task_index", "1", "--connect_timeout", "30")
+    with tf.Graph().as_default() as worker1_graph:
+        worker1 = downpour.build_downpour(worker1_args, cluster, *fixed_batch())
+    ready = {}
+
+    def join_as_worker1():
+        with worker1_graph.as_default():
+            ready["session"] = downpour.training_session(worker1_args, workers[1], False, [])
+    joining = threading.Thread(target=join_as_worker1, daemon=True)
+    joining.start()
+    joining.join(1.0)
+    assert "session" not in ready, "worker 1 started before the chief initialised the ps"
+
+    chief_args = flags("--seed", "1")
+    with tf.Graph().as_default() as chief_graph:
+        chief = downpour.build_downpour(chief_args, cluster, *fixed_batch())
+        init = tf.compat.v1.global_variables_initializer()
+    with tf.compat.v1.Session(workers[0].target, graph=chief_graph,
+                              config=downpour.session_config(0)) as s:
+        s.run(init)
+        on_ps = values(s, chief.global_params)
+    joining.join(30)
+    assert "session" in ready, "worker 1 did not start within 30 s of the initialisation"
+    session = ready["session"]
+    try:
+        assert_same(values(session, worker1.local_params), on_ps)
+    finally:
+        session.close()
+    with tf.Graph().as_default():  # what worker 1 would have drawn by itself
+        own = downpour.model_params(5, 8, seed=0)
+        with tf.compat.v1.Session() as s:
+            s.run(tf.compat.v1.global_variables_initializer())
+            assert differs(values(s, own), on_ps)
+
+
+# --- End to end through run.sh --------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def default_run(tmp_path_factory):
+    """One run with the defaults (1 ps + 2 workers), shared by the tests that read it."""
+    tmp = tmp_path_factory.mktemp("downpour_defaults")
+    proc = start_example("DOWNPOUR", ["--log_dir", str(tmp / "logs")])
+    run = finish(proc, timeout=180)
+    assert_nothing_left(str(tmp))
+    return run
+
+
+def test_downpour_reaches_the_accuracy_bar_with_its_defaults(default_run):
+    assert default_run.code == 0, default_run.output[-3000:]
+    summary = default_run.summary()
+    assert float(summary["test_accuracy"]) >= ACCURACY_BAR
+    assert summary["workers"] == "2" and summary["lost_workers"] == "0"
+    assert "[ps0] all 2 worker(s) done; shutting down" in default_run.output
+    assert "[run.sh] all processes finished" in default_run.output
+
+
+def test_downpour_pushes_once_per_window_per_worker(default_run):
+    summary = default_run.summary()
+    window, local_steps = int(summary["window"]), [int(s) for s in
+                                                   summary["local_steps"].split(",")]
+    assert window == 5 and all(s > 0 and s % window == 0 for s in local_steps), local_steps
+    assert int(summary["global_step"]) == sum(local_steps) // window
+    # --steps (2000) counts mini-batches of all workers: 400 pushes, plus at most one
+    # window more per other worker that was mid-window when the chief stopped
+    assert 400 <= int(summary["global_step"]) <= 401
+
+
+def test_downpour_a_worker_killed_mid_run_does_not_hang_the_others(tmp_path):
+    proc = start_example("DOWNPOUR", ["--log_dir", str(tmp_path / "logs"), "--steps", "3000",
+                                      "--log_every", "50"])
+    seen = read_until(proc, "[worker1] local_step=", timeout=90)
+    victim = int(seen.split("started worker1 pid=")[1].split()[0])
+    os.kill(victim, signal.SIGKILL)
+    run = finish(proc, timeout=120)  # the chief trains on alone, then everything exits
+    assert run.code == 1, run.output[-3000:]
+    summary = run.summary()
+    assert summary["lost_workers"] == "1" and int(summary["global_step"]) >= 3000 // 5
+    assert "[ps0] error: worker(s) 1 failed or were lost" in run.output
+    assert "[run.sh] failed: " in run.output
+    assert_nothing_left(str(tmp_path))
+
+
+def read_until(proc, text, timeout):
+    """Read run.sh's output until a line contains text; return what was read."""
+    deadline, seen = time.time() + timeout, []
+    for line in proc.stdout:
+        seen.append(line)
+        if text in line:
+            return "".join(seen)
+        if time.time() > deadline:
+            break
+    os.killpg(proc.pid, signal.SIGKILL)
+    pytest.fail("no line with %r within %d s:\n%s" % (text, timeout, "".join(seen)[-3000:]))

@@ -1,0 +1,121 @@
+"""Hogwild: one copy of the parameters on the ps, updated by every worker step without a lock."""
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import assert_nothing_left, finish, free_port, load_train_module, start_example
+
+ACCURACY_BAR = 0.95
+hogwild = load_train_module("Hogwild")
+
+
+def in_process_cluster(num_workers):
+    """One ps and num_workers worker servers (real gRPC servers) on free localhost ports."""
+    cluster = {"ps": ["localhost:%d" % free_port()],
+               "worker": ["localhost:%d" % free_port() for _ in range(num_workers)]}
+    spec = tf.compat.v1.train.ClusterSpec(cluster)
+    tf.compat.v1.train.Server(spec, job_name="ps", task_index=0, start=True)
+    workers = [tf.compat.v1.train.Server(spec, job_name="worker", task_index=i, start=True)
+               for i in range(num_workers)]
+    return cluster, workers
+
+
+def worker_graph(cluster, task_index):
+    """Worker task_index's own graph, as its train.py builds it (between-graph replication)."""
+    parser = hogwild.common_flags("test")
+    hogwild.cluster_flags(parser)
+    args = parser.parse_args(["--hidden", "8", "--task_index", str(task_index)])
+    rng = np.random.default_rng(task_index)  # each worker its own mini-batch
+    with tf.Graph().as_default() as graph:
+        ops = hogwild.build_hogwild(args, cluster, tf.constant(rng.random((16, 5), np.float32)),
+                                    tf.constant(rng.integers(0, 10, 16)))
+        new_w1 = tf.compat.v1.placeholder(tf.float32, ops.global_params["w1"].shape)
+        write_w1 = ops.global_params["w1"].assign(new_w1)
+        init = tf.compat.v1.global_variables_initializer()
+    return graph, ops, new_w1, write_w1, init
+
+
+def test_hogwild_parameters_are_shared_on_the_ps_a_write_through_one_worker_is_read_by_another():
+    cluster, workers = in_process_cluster(2)
+    graph0, ops0, new_w1, write_w1, init = worker_graph(cluster, 0)
+    graph1, ops1, _, _, _ = worker_graph(cluster, 1)
+    for ops in (ops0, ops1):
+        for v in list(ops.global_params.values()) + [ops.global_step]:
+            assert v.device.startswith("/job:ps/task:0"), (v.name, v.device)
+    s0 = tf.compat.v1.Session(workers[0].target, graph=graph0,
+                              config=hogwild.session_config(0))
+    s1 = tf.compat.v1.Session(workers[1].target, graph=graph1,
+                              config=hogwild.session_config(1))
+    with s0, s1:
+        s0.run(init)  # only worker 0 initialises; worker 1 reads the same variables
+        written = np.full(ops0.global_params["w1"].shape, 0.25, np.float32)
+        s0.run(write_w1, {new_w1: written})
+        np.testing.assert_array_equal(s1.run(ops1.global_params["w1"]), written)
+
+        # a step of worker 1 changes the parameters worker 0 reads, and counts in its step
+        before = s0.run(ops0.global_params["w2"])
+        s1.run(ops1.step)
+        assert s0.run(ops0.global_step) == 1
+        assert not np.allclose(s0.run(ops0.global_params["w2"]), before)
+        s0.run(ops0.step)
+        assert s1.run(ops1.global_step) == 2
+
+
+@pytest.fixture(scope="module")
+def default_run(tmp_path_factory):
+    """One run with the defaults (1 ps + 2 workers), shared by the tests that read it."""
+    tmp = tmp_path_factory.mktemp("hogwild_defaults")
+    proc = start_example("Hogwild", ["--log_dir", str(tmp / "logs")])
+    run = finish(proc, timeout=180)
+    assert_nothing_left(str(tmp))
+    return run
+
+
+def test_hogwild_reaches_the_accuracy_bar_with_its_defaults(default_run):
+    assert default_run.code == 0, default_run.output[-3000:]
+    summary = default_run.summary()
+    assert float(summary["test_accuracy"]) >= ACCURACY_BAR
+    assert summary["workers"] == "2" and summary["lost_workers"] == "0"
+    assert "[ps0] all 2 worker(s) done; shutting down" in default_run.output
+    assert "[run.sh] all processes finished" in default_run.output
+
+
+def test_hogwild_final_global_step_is_the_sum_of_the_workers_local_steps(default_run):
+    summary = default_run.summary()
+    local_steps = [int(s) for s in summary["local_steps"].split(",")]
+    assert len(local_steps) == 2 and all(s > 0.2 * sum(local_steps) for s in local_steps)
+    assert int(summary["global_step"]) == sum(local_steps)
+    assert 2000 <= int(summary["global_step"]) <= 2001  # at most one late step of the other
+
+
+def test_hogwild_a_worker_killed_mid_run_does_not_hang_the_others(tmp_path):
+    proc = start_example("Hogwild", ["--log_dir", str(tmp_path / "logs"), "--steps", "3000",
+                                     "--log_every", "50"])
+    seen = read_until(proc, "[worker1] local_step=", timeout=90)
+    victim = int(seen.split("started worker1 pid=")[1].split()[0])
+    os.kill(victim, signal.SIGKILL)
+    run = finish(proc, timeout=120)  # the chief trains on alone, then everything exits
+    assert run.code == 1, run.output[-3000:]
+    summary = run.summary()
+    assert summary["lost_workers"] == "1" and int(summary["global_step"]) >= 3000
+    assert float(summary["test_accuracy"]) >= ACCURACY_BAR
+    assert "[ps0] error: worker(s) 1 failed or were lost" in run.output
+    assert "[run.sh] failed: " in run.output
+    assert_nothing_left(str(tmp_path))
+
+
+def read_until(proc, text, timeout):
+    """Read run.sh's output until a line contains text; return what was read."""
+    deadline, seen = time.time() + timeout, []
+    for line in proc.stdout:
+        seen.append(line)
+        if text in line:
+            return "".join(seen)
+        if time.time() > deadline:
+            break
+    os.killpg(proc.pid, signal.SIGKILL)
+    pytest.fail("no line with %r within %d s:\n%s" % (text, timeout, "".join(seen)[-3000:]))
