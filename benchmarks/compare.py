@@ -1,0 +1,182 @@
+"""Compare every example on the same problem: a results table and two plots.
+
+    python benchmarks/compare.py                     # about 20 minutes on 2 cores
+    python benchmarks/compare.py --quick             # few steps, one repeat, 1-2 workers
+    python benchmarks/compare.py --repeats 5 --steps 4000 --out my-results
+
+Runs Non-Distributed-Setup and every distributed example through its own run.sh, with the same
+model, batch size and training budget (--steps mini-batches in all, summed over workers), the
+distributed ones with 2 workers, --repeats times each; then each distributed example once more
+with 1 and 4 workers. Writes into --out:
+  results.md       the table: final test accuracy (median and range over the repeats), wall
+                   time to reach 0.95 test accuracy, examples/s, parameter updates on the ps,
+                   and the mean staleness of an update where the example measures it;
+  accuracy.png     test accuracy against wall time, one line per example (first repeat);
+  scaling.png      examples/s and final accuracy against the number of workers;
+  logs/            every run's output and metrics.
+"""
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BASELINE = "Non-Distributed-Setup"
+TARGET = 0.95
+
+
+def examples():
+    """Every folder with a train.py and a run.sh, the baseline first."""
+    found = sorted(d for d in os.listdir(ROOT) if os.path.isfile(os.path.join(ROOT, d, "run.sh"))
+                   and os.path.isfile(os.path.join(ROOT, d, "train.py")))
+    return [BASELINE] + [d for d in found if d != BASELINE]
+
+
+def run_once(example, workers, args, tag):
+    """One run.sh; returns its metrics. A failed run stops everything with its log's name."""
+    logs = os.path.join(args.out, "logs")
+    os.makedirs(logs, exist_ok=True)
+    log_path, metrics_path = (os.path.join(logs, tag + ext) for ext in (".log", ".json"))
+    command = ["bash", os.path.join(ROOT, example, "run.sh"), "--steps", str(args.steps),
+               "--batch_size", str(args.batch_size), "--eval_every", str(args.eval_every),
+               "--log_every", "500", "--seed", str(args.seed),
+               "--log_dir", os.path.join(logs, tag + "-tensorboard"), "--metrics_file",
+               metrics_path]
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                env=dict(os.environ, NUM_WORKERS=str(workers)),
+                                start_new_session=True)  # so a timeout can stop all of it
+        try:
+            proc.wait(timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    if proc.returncode != 0 or not os.path.exists(metrics_path):
+        sys.exit("compare: %s with %d worker(s) failed (exit %s); see %s"
+                 % (example, workers, proc.returncode, log_path))
+    with open(metrics_path) as f:
+        return json.load(f)
+
+
+def time_to_target(metrics):
+    """Seconds from the chief's start until the test accuracy first reached TARGET."""
+    for seconds, _, accuracy in metrics["history"]:
+        if accuracy >= TARGET:
+            return seconds
+    return None
+
+
+def median_or_none(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def write_table(path, runs, args):
+    lines = ["| example | workers | test accuracy: median (min-max) | seconds to %.2f "
+             "| examples/s | ps updates | mean staleness |" % TARGET, "|---|---|---|---|---|---|---|"]
+    for example, repeats in runs.items():
+        accuracies = [m["test_accuracy"] for m in repeats]
+        reach = median_or_none([time_to_target(m) for m in repeats])
+        stale = median_or_none([m.get("mean_staleness") for m in repeats])
+        lines.append("| %s | %d | %.3f (%.3f-%.3f) | %s | %.0f | %d | %s |" % (
+            example, repeats[0]["workers"], statistics.median(accuracies), min(accuracies),
+            max(accuracies), "not reached" if reach is None else "%.1f" % reach,
+            statistics.median(m["examples_per_sec"] for m in repeats),
+            statistics.median(m["global_step"] for m in repeats),
+            "n/a" if stale is None else "%.2f" % stale))
+    lines.append("")
+    lines.append("%d repeat(s) of %d mini-batches of %d examples each; the distributed examples "
+                 "with 2 workers and 1 ps; %d CPU core(s)."
+                 % (args.repeats, args.steps, args.batch_size, os.cpu_count()))
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return "\n".join(lines)
+
+
+def plot_accuracy(path, runs):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for example, repeats in runs.items():
+        history = repeats[0]["history"]
+        ax.plot([h[0] for h in history], [h[2] for h in history], marker=".", label=example)
+    ax.axhline(TARGET, color="gray", linestyle=":", linewidth=1)
+    ax.set_xlabel("wall time since the chief's session started (s)")
+    ax.set_ylabel("test accuracy")
+    ax.set_ylim(0, 1)
+    ax.set_title("Test accuracy against wall time (same model, batch size and budget)")
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_scaling(path, scaling, worker_counts):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
+    for example, by_workers in scaling.items():
+        counts = [w for w in worker_counts if w in by_workers]
+        left.plot(counts, [by_workers[w]["examples_per_sec"] for w in counts], marker="o",
+                  label=example)
+        right.plot(counts, [by_workers[w]["test_accuracy"] for w in counts], marker="o",
+                   label=example)
+    for ax, label in ((left, "examples/s (all workers)"), (right, "final test accuracy")):
+        ax.set_xlabel("workers")
+        ax.set_xticks(worker_counts)
+        ax.set_ylabel(label)
+    right.axhline(TARGET, color="gray", linestyle=":", linewidth=1)
+    left.legend(fontsize="small")
+    fig.suptitle("Scaling with the number of workers (1 ps; workers share the CPU cores)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"),
+                   help="output folder (default: benchmarks/results)")
+    p.add_argument("--steps", type=int, default=3000, help="mini-batches per run (default: 3000)")
+    p.add_argument("--batch_size", type=int, default=64, help="(default: 64)")
+    p.add_argument("--repeats", type=int, default=3, help="runs per example (default: 3)")
+    p.add_argument("--eval_every", type=int, default=50,
+                   help="the chief's test-accuracy interval in its local steps (default: 50)")
+    p.add_argument("--workers", default="1,2,4", help="for the scaling plot (default: 1,2,4)")
+    p.add_argument("--seed", type=int, default=0, help="(default: 0)")
+    p.add_argument("--timeout", type=float, default=600, help="seconds a run may take")
+    p.add_argument("--quick", action="store_true",
+                   help="120 steps, one repeat, 1 and 2 workers: a smoke test")
+    args = p.parse_args()
+    if args.quick:
+        args.steps, args.repeats, args.eval_every, args.workers = 120, 1, 20, "1,2"
+    worker_counts = [int(w) for w in args.workers.split(",")]
+    names = examples()
+    plan = [(e, 1 if e == BASELINE else 2, r) for e in names for r in range(args.repeats)]
+    plan += [(e, w, 0) for e in names if e != BASELINE for w in worker_counts if w != 2]
+    runs, scaling, started = {}, {}, time.time()
+    for i, (example, workers, repeat) in enumerate(plan, 1):
+        print("[%d/%d] %s, %d worker(s), run %d (%.0f s so far)"
+              % (i, len(plan), example, workers, repeat + 1, time.time() - started),
+              file=sys.stderr, flush=True)
+        metrics = run_once(example, workers, args, "%s-w%d-r%d" % (example, workers, repeat))
+        if workers == (1 if example == BASELINE else 2):
+            runs.setdefault(example, []).append(metrics)
+        if example != BASELINE and repeat == 0:
+            scaling.setdefault(example, {})[workers] = metrics
+    os.makedirs(args.out, exist_ok=True)
+    print(write_table(os.path.join(args.out, "results.md"), runs, args))
+    plot_accuracy(os.path.join(args.out, "accuracy.png"), runs)
+    plot_scaling(os.path.join(args.out, "scaling.png"), scaling, worker_counts)
+    print("\nwrote results.md, accuracy.png and scaling.png to %s in %.0f s"
+          % (args.out, time.time() - started))
+
+
+if __name__ == "__main__":
+    main()
