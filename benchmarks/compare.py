@@ -9,8 +9,9 @@ model, batch size and training budget (--steps mini-batches in all, summed over 
 distributed ones with 2 workers, --repeats times each; then each distributed example once more
 with 1 and 4 workers. Writes into --out:
   results.md       the table: final test accuracy (median and range over the repeats), wall
-                   time to reach 0.95 test accuracy, examples/s, parameter updates on the ps,
-                   and the mean staleness of an update where the example measures it;
+                   time to reach 0.95 test accuracy, mini-batches/s and examples/s (all workers),
+                   parameter updates (on the ps: global steps), and the mean staleness of an
+                   update where the example measures it;
   accuracy.png     test accuracy against wall time, one line per example (first repeat);
   scaling.png      examples/s and final accuracy against the number of workers;
   logs/            every run's output and metrics.
@@ -77,15 +78,17 @@ def median_or_none(values):
 
 def write_table(path, runs, args):
     lines = ["| example | workers | test accuracy: median (min-max) | seconds to %.2f "
-             "| examples/s | ps updates | mean staleness |" % TARGET, "|---|---|---|---|---|---|---|"]
+             "| mini-batches/s | examples/s | parameter updates | mean staleness |" % TARGET,
+             "|---|---|---|---|---|---|---|---|"]
     for example, repeats in runs.items():
         accuracies = [m["test_accuracy"] for m in repeats]
         reach = median_or_none([time_to_target(m) for m in repeats])
         stale = median_or_none([m.get("mean_staleness") for m in repeats])
-        lines.append("| %s | %d | %.3f (%.3f-%.3f) | %s | %.0f | %d | %s |" % (
+        examples_per_sec = statistics.median(m["examples_per_sec"] for m in repeats)
+        lines.append("| %s | %d | %.3f (%.3f-%.3f) | %s | %.0f | %.0f | %d | %s |" % (
             example, repeats[0]["workers"], statistics.median(accuracies), min(accuracies),
             max(accuracies), "not reached" if reach is None else "%.1f" % reach,
-            statistics.median(m["examples_per_sec"] for m in repeats),
+            examples_per_sec / args.batch_size, examples_per_sec,
             statistics.median(m["global_step"] for m in repeats),
             "n/a" if stale is None else "%.2f" % stale))
     lines.append("")
