@@ -385,21 +385,25 @@ def build_adag(args, cluster, x, y):
         # The initial values are read from the ps. Each worker's session initialises its local
         # variables only once the chief has initialised the global ones (the session manager's
         # ready_for_local_init_op): a real barrier, so every worker starts from the ps.
-        local_params = worker_variables("local", global_params, lambda p: p.read_value())
-        pulled_params = worker_variables("pulled", global_params, lambda p: p.read_value())
+        # One read serves both, so that the first window starts with local = pulled even if
+        # another worker pushes while this one initialises.
+        start = collections.OrderedDict((n, p.read_value()) for n, p in global_params.items())
+        local_params = worker_variables("local", start, lambda value: value)
+        pulled_params = worker_variables("pulled", start, lambda value: value)
         loss = model_loss_and_accuracy(local_params, x, y)[0]
         gradients = tf.gradients(loss, list(local_params.values()))
         with tf.control_dependencies([p.assign_sub(args.learning_rate * g, read_value=False)
                                       for p, g in zip(local_params.values(), gradients)]):
             local_step = tf.identity(loss, name="local_step")
         # accumulated gradient normalisation: the mean of the window's local updates
-        normalised_change = [(l.read_value() - p.read_value()) / float(args.window)
-                             for l, p in zip(local_params.values(), pulled_params.values())]
+        normalised_change = [(local.read_value() - pulled.read_value()) / float(args.window)
+                             for local, pulled in zip(local_params.values(),
+                                                      pulled_params.values())]
 
     # the ps adds the change as it comes: no optimizer, no learning rate, no lock beyond the
     # variable's own (assign_add is atomic per variable)
-    add_on_ps = [g.assign_add(c, read_value=False)
-                 for g, c in zip(global_params.values(), normalised_change)]
+    add_on_ps = [theta.assign_add(change, read_value=False)
+                 for theta, change in zip(global_params.values(), normalised_change)]
     with tf.control_dependencies(add_on_ps):
         count = global_step.assign_add(1, read_value=False)
     with tf.control_dependencies([count]):
@@ -407,8 +411,8 @@ def build_adag(args, cluster, x, y):
 
     def copy_global_to_local():  # one read per parameter, so local and pulled are the same
         copies = []
-        for name, g in global_params.items():
-            value = g.read_value()
+        for name, theta in global_params.items():
+            value = theta.read_value()
             copies += [local_params[name].assign(value, read_value=False),
                        pulled_params[name].assign(value, read_value=False)]
         return tf.group(*copies)

@@ -398,14 +398,15 @@ def build_downpour(args, cluster, x, y):
         with tf.control_dependencies(accumulate + train_local):
             local_step = tf.identity(loss, name="local_step")
 
-    with tf.compat.v1.device(on_ps):  # so that Adagrad's own variables sit beside the parameters
-        if args.ps_optimizer == "adagrad":
-            ps_optimizer = tf.compat.v1.train.AdagradOptimizer(args.ps_learning_rate)
-        else:
-            ps_optimizer = tf.compat.v1.train.GradientDescentOptimizer(args.ps_learning_rate)
-        apply_on_ps = ps_optimizer.apply_gradients(
-            [(a.read_value(), p) for a, p in zip(accumulated_gradients.values(),
-                                                 global_params.values())])
+    # Adagrad's per-parameter sums of squared gradients are created beside their parameters,
+    # on the ps, and the update runs there: only the accumulated gradient crosses the network.
+    if args.ps_optimizer == "adagrad":
+        ps_optimizer = tf.compat.v1.train.AdagradOptimizer(args.ps_learning_rate)
+    else:
+        ps_optimizer = tf.compat.v1.train.GradientDescentOptimizer(args.ps_learning_rate)
+    apply_on_ps = ps_optimizer.apply_gradients(
+        [(a.read_value(), p) for a, p in zip(accumulated_gradients.values(),
+                                             global_params.values())])
     with tf.control_dependencies([apply_on_ps]):
         count = global_step.assign_add(1, read_value=False)
         restart = [a.assign(tf.zeros(a.shape), read_value=False)
@@ -413,9 +414,9 @@ def build_downpour(args, cluster, x, y):
     with tf.control_dependencies([count] + restart):
         push = global_step.read_value()
 
-    def copy_global_to_local():  # each read is made here, so it runs after the dependencies
-        return tf.group(*[l.assign(g.read_value(), read_value=False)
-                          for l, g in zip(local_params.values(), global_params.values())])
+    def copy_global_to_local():  # built inside the caller's control dependencies: reads after
+        return tf.group(*[local.assign(theta.read_value(), read_value=False)
+                          for local, theta in zip(local_params.values(), global_params.values())])
     pull = copy_global_to_local()
     with tf.control_dependencies([push]):
         pulled = copy_global_to_local()
