@@ -58,11 +58,18 @@ running() {  # running ROLE_PREFIX: is any such process still running?
   for n in "${!pids[@]}"; do [[ ${roles[$n]} == $1* && -z ${status[$n]:-} ]] && return 0; done
   return 1
 }
-watch() {  # wait for the next child to end and record it; fails when the timer has run out
+watch() {  # wait for a child to end and record every one that has; fails when the timer ran out
   local ended code
   wait -n -p ended; code=$?  # bash >= 5.1
-  if [[ -n $timer && ${ended:-} == "$timer" ]]; then timer=; return 1; fi
   for n in "${!pids[@]}"; do [[ ${pids[$n]} == "${ended:-}" ]] && record "$n" "$code"; done
+  for n in "${!pids[@]}"; do  # wait -n can pass over a child that ended while nobody waited
+    if [[ -z ${status[$n]:-} ]] && ! kill -0 "${pids[$n]}" 2>/dev/null; then
+      wait "${pids[$n]}"; record "$n" $?
+    fi
+  done
+  if [[ -n $timer ]] && { [[ ${ended:-} == "$timer" ]] || ! kill -0 "$timer" 2>/dev/null; }; then
+    timer=; return 1
+  fi
   return 0
 }
 start_timer() { sleep "$1" & timer=$!; }

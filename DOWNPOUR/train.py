@@ -78,9 +78,11 @@ def common_flags(description):
     """The flags every example shares; an example adds its own to the parser this returns."""
     p = OneLineErrorParser(description=description,
                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--steps", type=int, default=2000, help="global steps to train")
+    p.add_argument("--steps", type=int, default=2000,
+                   help="mini-batch steps to train, summed over all workers")
     p.add_argument("--batch_size", type=int, default=64, help="examples per mini-batch")
-    p.add_argument("--learning_rate", type=float, default=0.1, help="SGD learning rate")
+    p.add_argument("--learning_rate", type=float, default=0.1,
+                   help="learning rate of the workers' optimizer")
     p.add_argument("--hidden", type=int, default=128, help="width of the MLP's hidden layer")
     p.add_argument("--dataset", default="digits", help="digits (bundled, offline) or mnist")
     p.add_argument("--data_path", default="", help="a local mnist.npz (else mnist downloads)")
@@ -596,24 +598,31 @@ def report(role, metrics_file, metrics):
 FAILED = -1
 
 
+def done_queue(cluster, ps_index):
+    """The queue on one ps task where each worker leaves a token as it goes."""
+    with tf.compat.v1.device("/job:ps/task:%d" % ps_index):
+        return tf.compat.v1.FIFOQueue(len(cluster["worker"]), [tf.int64, tf.int64], [[], []],
+                                      shared_name="done_ps%d" % ps_index)
+
+
+def finished_queue(cluster):
+    """The queue on ps 0 where each non-chief worker leaves its local step count."""
+    with tf.compat.v1.device("/job:ps/task:0"):
+        return tf.compat.v1.FIFOQueue(len(cluster["worker"]), [tf.int64, tf.int64], [[], []],
+                                      shared_name="finished_workers")
+
+
 class Shutdown(object):
-    """The shared queues, created by name on the ps tasks so that every process finds them."""
+    """A worker's side of the queues, created by name on the ps tasks so every process finds them."""
 
     def __init__(self, cluster, task_index):
-        num_workers, self.task_index = len(cluster["worker"]), task_index
-        self.ps_addresses = cluster["ps"]
-        self.done = []
-        for i in range(len(cluster["ps"])):
-            with tf.compat.v1.device("/job:ps/task:%d" % i):
-                self.done.append(tf.compat.v1.FIFOQueue(
-                    num_workers, [tf.int64, tf.int64], [[], []], shared_name="done_ps%d" % i))
-        with tf.compat.v1.device("/job:ps/task:0"):
-            self.finished = tf.compat.v1.FIFOQueue(
-                num_workers, [tf.int64, tf.int64], [[], []], shared_name="finished_workers")
-        if task_index is not None:  # ops are built now: the training session finalizes the graph
-            self.steps = tf.compat.v1.placeholder(tf.int64, [])
-            self.report_finished = self.finished.enqueue([task_index, self.steps])
-            self.signal_done = [q.enqueue([task_index, self.steps]) for q in self.done]
+        self.task_index, self.ps_addresses = task_index, cluster["ps"]
+        self.done = [done_queue(cluster, i) for i in range(len(cluster["ps"]))]
+        self.finished = finished_queue(cluster)
+        # ops are built now: the training session finalizes the graph
+        self.steps = tf.compat.v1.placeholder(tf.int64, [])
+        self.report_finished = self.finished.enqueue([task_index, self.steps])
+        self.signal_done = [q.enqueue([task_index, self.steps]) for q in self.done]
 
     def leave(self, server, local_steps):
         """A non-chief worker (or a failed chief) reports its local steps and tells each ps."""
@@ -632,14 +641,20 @@ class Shutdown(object):
                   options=tf.compat.v1.RunOptions(timeout_in_ms=10000))
 
 
-def collect_tokens(session, dequeue, worker_addresses, workers, grace_secs):
+def token_ops(queue):
+    return queue.dequeue(), queue.size()
+
+
+def collect_tokens(session, ops, worker_addresses, workers, grace_secs):
     """Take one (worker, value) token from each of the given workers; return {worker: value}.
 
-    A worker whose server stopped answering without sending a token gets FAILED. A worker not
-    yet seen alive is waited for up to grace_secs. Every wait is bounded.
+    ops is token_ops(queue). A worker whose server stopped answering and whose token is not in
+    the queue gets FAILED. A worker not yet seen alive is waited for up to grace_secs, or until
+    every other worker has sent its token. Every wait is bounded.
     """
+    dequeue, size = ops
     tokens, seen_alive, gone = {}, set(), set()
-    deadline, poll = time.time() + grace_secs, tf.compat.v1.RunOptions(timeout_in_ms=500)
+    deadline, poll = time.time() + grace_secs, tf.compat.v1.RunOptions(timeout_in_ms=1000)
     while set(workers) - set(tokens):
         try:
             worker, value = session.run(dequeue, options=poll)
@@ -647,12 +662,15 @@ def collect_tokens(session, dequeue, worker_addresses, workers, grace_secs):
             continue
         except tf.errors.DeadlineExceededError:
             pass
-        for w in set(workers) - set(tokens):
+        if session.run(size, options=tf.compat.v1.RunOptions(timeout_in_ms=60000)) > 0:
+            continue  # a token is waiting (on a busy machine): take it before judging anyone
+        pending = set(workers) - set(tokens)
+        for w in pending:
             if is_listening(worker_addresses[w]):
                 seen_alive.add(w)
             elif w in gone:  # silent on two checks in a row, with a dequeue between: lost
                 tokens[w] = FAILED
-            elif w in seen_alive or time.time() > deadline:
+            elif w in seen_alive or time.time() > deadline or pending == {w}:
                 gone.add(w)
     return tokens
 
@@ -668,23 +686,23 @@ class WaitForOtherWorkersHook(tf.compat.v1.train.SessionRunHook):
         self.local_steps = {}
 
     def begin(self):
-        self.dequeue = self.shutdown.finished.dequeue()  # built now: the graph is then finalized
+        self.ops = token_ops(self.shutdown.finished)  # built now: the graph is then finalized
 
     def end(self, session):
         others = range(1, len(self.cluster["worker"]))
-        self.local_steps = collect_tokens(session, self.dequeue, self.cluster["worker"],
+        self.local_steps = collect_tokens(session, self.ops, self.cluster["worker"],
                                           others, grace_secs=0)
 
 
 def serve(cluster, server, index, grace_secs):
     """A parameter server: serve the variables until every worker has left, then return."""
     num_workers = len(cluster["worker"])
-    dequeue = Shutdown(cluster, None).done[index].dequeue()
+    ops = token_ops(done_queue(cluster, index))  # only this task's: the session sees only it
     print("[ps%d] serving %d worker(s) at %s" % (index, num_workers, cluster["ps"][index]),
           flush=True)
     config = tf.compat.v1.ConfigProto(device_filters=["/job:ps/task:%d" % index])
     with tf.compat.v1.Session(server.target, config=config) as session:
-        tokens = collect_tokens(session, dequeue, cluster["worker"], range(num_workers),
+        tokens = collect_tokens(session, ops, cluster["worker"], range(num_workers),
                                 grace_secs)
     failed = sorted(w for w, v in tokens.items() if v == FAILED)
     if failed:

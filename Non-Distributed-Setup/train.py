@@ -54,9 +54,11 @@ def common_flags(description):
     """The flags every example shares; an example adds its own to the parser this returns."""
     p = OneLineErrorParser(description=description,
                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--steps", type=int, default=2000, help="global steps to train")
+    p.add_argument("--steps", type=int, default=2000,
+                   help="mini-batch steps to train, summed over all workers")
     p.add_argument("--batch_size", type=int, default=64, help="examples per mini-batch")
-    p.add_argument("--learning_rate", type=float, default=0.1, help="SGD learning rate")
+    p.add_argument("--learning_rate", type=float, default=0.1,
+                   help="learning rate of the workers' optimizer")
     p.add_argument("--hidden", type=int, default=128, help="width of the MLP's hidden layer")
     p.add_argument("--dataset", default="digits", help="digits (bundled, offline) or mnist")
     p.add_argument("--data_path", default="", help="a local mnist.npz (else mnist downloads)")

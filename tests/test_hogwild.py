@@ -1,13 +1,13 @@
 """Hogwild: one copy of the parameters on the ps, updated by every worker step without a lock."""
 import os
 import signal
-import time
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import assert_nothing_left, finish, free_port, load_train_module, start_example
+from conftest import (assert_nothing_left, finish, free_port, load_train_module, read_until,
+                      start_example)
 
 ACCURACY_BAR = 0.95
 hogwild = load_train_module("Hogwild")
@@ -104,18 +104,6 @@ def test_hogwild_a_worker_killed_mid_run_does_not_hang_the_others(tmp_path):
     assert summary["lost_workers"] == "1" and int(summary["global_step"]) >= 3000
     assert float(summary["test_accuracy"]) >= ACCURACY_BAR
     assert "[ps0] error: worker(s) 1 failed or were lost" in run.output
-    assert "[run.sh] failed: " in run.output
+    assert "[run.sh] failed: worker1 (exit 137)" in run.output
     assert_nothing_left(str(tmp_path))
 
-
-def read_until(proc, text, timeout):
-    """Read run.sh's output until a line contains text; return what was read."""
-    deadline, seen = time.time() + timeout, []
-    for line in proc.stdout:
-        seen.append(line)
-        if text in line:
-            return "".join(seen)
-        if time.time() > deadline:
-            break
-    os.killpg(proc.pid, signal.SIGKILL)
-    pytest.fail("no line with %r within %d s:\n%s" % (text, timeout, "".join(seen)[-3000:]))

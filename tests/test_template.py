@@ -53,6 +53,15 @@ def test_with_two_workers_the_global_step_counts_every_worker_step(run_example):
     assert "[worker1] done: local_steps=%d" % local_steps[1] in run.output
 
 
+def test_two_parameter_servers_share_the_variables_and_both_exit(run_example):
+    run = run_example("Distributed-Setup", "--steps", "300",
+                      env={"NUM_PS": "2", "NUM_WORKERS": "2"})
+    assert run.code == 0, run.output[-3000:]
+    assert run.summary()["ps"] == "2"
+    for ps in ("ps0", "ps1"):
+        assert "[%s] all 2 worker(s) done; shutting down" % ps in run.output
+
+
 def test_non_chief_workers_start_training_within_seconds_of_the_chief(run_example):
     # the stock MonitoredTrainingSession would keep worker1 waiting about 30 s
     run = run_example("Distributed-Setup", "--steps", "3000", env={"NUM_WORKERS": "2"})
