@@ -70,9 +70,11 @@ def common_flags(description):
     """The flags every example shares; an example adds its own to the parser this returns."""
     p = OneLineErrorParser(description=description,
                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--steps", type=int, default=2000, help="global steps to train")
+    p.add_argument("--steps", type=int, default=2000,
+                   help="mini-batch steps to train, summed over all workers")
     p.add_argument("--batch_size", type=int, default=64, help="examples per mini-batch")
-    p.add_argument("--learning_rate", type=float, default=0.1, help="SGD learning rate")
+    p.add_argument("--learning_rate", type=float, default=0.1,
+                   help="learning rate of the workers' optimizer")
     p.add_argument("--hidden", type=int, default=128, help="width of the MLP's hidden layer")
     p.add_argument("--dataset", default="digits", help="digits (bundled, offline) or mnist")
     p.add_argument("--data_path", default="", help="a local mnist.npz (else mnist downloads)")
@@ -334,7 +336,8 @@ def model_loss_and_accuracy(params, x, y):
 # ==================================================================================================
 # The algorithm
 # ==================================================================================================
-Hogwild = collections.namedtuple("Hogwild", "global_params global_step loss accuracy step")
+Hogwild = collections.namedtuple("Hogwild",
+                                 "global_params global_step loss accuracy step staleness_sum")
 
 
 def build_hogwild(args, cluster, x, y):
@@ -355,8 +358,17 @@ def build_hogwild(args, cluster, x, y):
         # pull. use_locking=False (the default, spelled out) lets the updates of two workers to
         # one variable interleave instead of queueing for a lock: Hogwild's bet.
         sgd = tf.compat.v1.train.GradientDescentOptimizer(args.learning_rate, use_locking=False)
-        step = sgd.apply_gradients(zip(gradients, global_params.values()), global_step=global_step)
-    return Hogwild(global_params, global_step, loss, accuracy, step)
+        push = sgd.apply_gradients(zip(gradients, global_params.values()))
+    # Staleness of this update: how many updates of other workers landed between its pull and
+    # its push. Counted on the ps, beside the global step, so measuring it adds no traffic.
+    with tf.compat.v1.device(global_step.device):
+        staleness_sum = tf.compat.v1.get_variable(
+            "staleness_sum", [], tf.int64, tf.compat.v1.zeros_initializer(), trainable=False)
+        step_at_pull = global_step.read_value()  # read with the parameters, as the step starts
+        with tf.control_dependencies([push]):
+            step_at_push = global_step.assign_add(1)  # the global step grows once per update
+            step = staleness_sum.assign_add(step_at_push - step_at_pull - 1).op
+    return Hogwild(global_params, global_step, loss, accuracy, step, staleness_sum)
 
 
 # ==================================================================================================
@@ -428,7 +440,8 @@ def train(args, cluster, server):
 
     # The other workers have left (the hook waited for them): evaluate the final parameters.
     with tf.compat.v1.Session(server.target, config=session_config(task)) as session:
-        final_step = int(session.run(hogwild.global_step))
+        final_step, staleness_sum = map(int, session.run([hogwild.global_step,
+                                                          hogwild.staleness_sum]))
         final_accuracy = record_test_accuracy(session, final_step, time.time() - started)
     writer.flush()
     steps_done = final_step - start_step - 1  # the timed steps: all but the chief's first
@@ -437,7 +450,8 @@ def train(args, cluster, server):
         ("example", EXAMPLE), ("test_accuracy", final_accuracy), ("global_step", final_step),
         ("workers", num_workers), ("ps", len(cluster["ps"])),
         ("local_steps", [local_step] + [peers.local_steps[w] for w in range(1, num_workers)]),
-        ("lost_workers", len(lost)), ("wall_seconds", time.time() - started),
+        ("lost_workers", len(lost)), ("mean_staleness", staleness_sum / max(final_step, 1)),
+        ("wall_seconds", time.time() - started),
         ("steps_per_sec", steps_done / train_seconds),
         ("examples_per_sec", steps_done * args.batch_size / train_seconds),
         ("batch_size", args.batch_size), ("log_dir", args.log_dir), ("history", history)]))
@@ -484,24 +498,31 @@ def report(role, metrics_file, metrics):
 FAILED = -1
 
 
+def done_queue(cluster, ps_index):
+    """The queue on one ps task where each worker leaves a token as it goes."""
+    with tf.compat.v1.device("/job:ps/task:%d" % ps_index):
+        return tf.compat.v1.FIFOQueue(len(cluster["worker"]), [tf.int64, tf.int64], [[], []],
+                                      shared_name="done_ps%d" % ps_index)
+
+
+def finished_queue(cluster):
+    """The queue on ps 0 where each non-chief worker leaves its local step count."""
+    with tf.compat.v1.device("/job:ps/task:0"):
+        return tf.compat.v1.FIFOQueue(len(cluster["worker"]), [tf.int64, tf.int64], [[], []],
+                                      shared_name="finished_workers")
+
+
 class Shutdown(object):
-    """The shared queues, created by name on the ps tasks so that every process finds them."""
+    """A worker's side of the queues, created by name on the ps tasks so every process finds them."""
 
     def __init__(self, cluster, task_index):
-        num_workers, self.task_index = len(cluster["worker"]), task_index
-        self.ps_addresses = cluster["ps"]
-        self.done = []
-        for i in range(len(cluster["ps"])):
-            with tf.compat.v1.device("/job:ps/task:%d" % i):
-                self.done.append(tf.compat.v1.FIFOQueue(
-                    num_workers, [tf.int64, tf.int64], [[], []], shared_name="done_ps%d" % i))
-        with tf.compat.v1.device("/job:ps/task:0"):
-            self.finished = tf.compat.v1.FIFOQueue(
-                num_workers, [tf.int64, tf.int64], [[], []], shared_name="finished_workers")
-        if task_index is not None:  # ops are built now: the training session finalizes the graph
-            self.steps = tf.compat.v1.placeholder(tf.int64, [])
-            self.report_finished = self.finished.enqueue([task_index, self.steps])
-            self.signal_done = [q.enqueue([task_index, self.steps]) for q in self.done]
+        self.task_index, self.ps_addresses = task_index, cluster["ps"]
+        self.done = [done_queue(cluster, i) for i in range(len(cluster["ps"]))]
+        self.finished = finished_queue(cluster)
+        # ops are built now: the training session finalizes the graph
+        self.steps = tf.compat.v1.placeholder(tf.int64, [])
+        self.report_finished = self.finished.enqueue([task_index, self.steps])
+        self.signal_done = [q.enqueue([task_index, self.steps]) for q in self.done]
 
     def leave(self, server, local_steps):
         """A non-chief worker (or a failed chief) reports its local steps and tells each ps."""
@@ -520,14 +541,20 @@ class Shutdown(object):
                   options=tf.compat.v1.RunOptions(timeout_in_ms=10000))
 
 
-def collect_tokens(session, dequeue, worker_addresses, workers, grace_secs):
+def token_ops(queue):
+    return queue.dequeue(), queue.size()
+
+
+def collect_tokens(session, ops, worker_addresses, workers, grace_secs):
     """Take one (worker, value) token from each of the given workers; return {worker: value}.
 
-    A worker whose server stopped answering without sending a token gets FAILED. A worker not
-    yet seen alive is waited for up to grace_secs. Every wait is bounded.
+    ops is token_ops(queue). A worker whose server stopped answering and whose token is not in
+    the queue gets FAILED. A worker not yet seen alive is waited for up to grace_secs, or until
+    every other worker has sent its token. Every wait is bounded.
     """
+    dequeue, size = ops
     tokens, seen_alive, gone = {}, set(), set()
-    deadline, poll = time.time() + grace_secs, tf.compat.v1.RunOptions(timeout_in_ms=500)
+    deadline, poll = time.time() + grace_secs, tf.compat.v1.RunOptions(timeout_in_ms=1000)
     while set(workers) - set(tokens):
         try:
             worker, value = session.run(dequeue, options=poll)
@@ -535,12 +562,15 @@ def collect_tokens(session, dequeue, worker_addresses, workers, grace_secs):
             continue
         except tf.errors.DeadlineExceededError:
             pass
-        for w in set(workers) - set(tokens):
+        if session.run(size, options=tf.compat.v1.RunOptions(timeout_in_ms=60000)) > 0:
+            continue  # a token is waiting (on a busy machine): take it before judging anyone
+        pending = set(workers) - set(tokens)
+        for w in pending:
             if is_listening(worker_addresses[w]):
                 seen_alive.add(w)
             elif w in gone:  # silent on two checks in a row, with a dequeue between: lost
                 tokens[w] = FAILED
-            elif w in seen_alive or time.time() > deadline:
+            elif w in seen_alive or time.time() > deadline or pending == {w}:
                 gone.add(w)
     return tokens
 
@@ -556,23 +586,23 @@ class WaitForOtherWorkersHook(tf.compat.v1.train.SessionRunHook):
         self.local_steps = {}
 
     def begin(self):
-        self.dequeue = self.shutdown.finished.dequeue()  # built now: the graph is then finalized
+        self.ops = token_ops(self.shutdown.finished)  # built now: the graph is then finalized
 
     def end(self, session):
         others = range(1, len(self.cluster["worker"]))
-        self.local_steps = collect_tokens(session, self.dequeue, self.cluster["worker"],
+        self.local_steps = collect_tokens(session, self.ops, self.cluster["worker"],
                                           others, grace_secs=0)
 
 
 def serve(cluster, server, index, grace_secs):
     """A parameter server: serve the variables until every worker has left, then return."""
     num_workers = len(cluster["worker"])
-    dequeue = Shutdown(cluster, None).done[index].dequeue()
+    ops = token_ops(done_queue(cluster, index))  # only this task's: the session sees only it
     print("[ps%d] serving %d worker(s) at %s" % (index, num_workers, cluster["ps"][index]),
           flush=True)
     config = tf.compat.v1.ConfigProto(device_filters=["/job:ps/task:%d" % index])
     with tf.compat.v1.Session(server.target, config=config) as session:
-        tokens = collect_tokens(session, dequeue, cluster["worker"], range(num_workers),
+        tokens = collect_tokens(session, ops, cluster["worker"], range(num_workers),
                                 grace_secs)
     failed = sorted(w for w, v in tokens.items() if v == FAILED)
     if failed:

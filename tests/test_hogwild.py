@@ -107,3 +107,13 @@ def test_hogwild_a_worker_killed_mid_run_does_not_hang_the_others(tmp_path):
     assert "[run.sh] failed: worker1 (exit 137)" in run.output
     assert_nothing_left(str(tmp_path))
 
+
+
+def test_hogwild_staleness_is_zero_with_one_worker_and_positive_with_two(default_run, tmp_path):
+    # with two workers, updates of the other land between a step's pull and its push
+    assert float(default_run.summary()["mean_staleness"]) > 0.1
+    alone = finish(start_example("Hogwild", ["--log_dir", str(tmp_path / "logs"), "--steps",
+                                             "300"], env={"NUM_WORKERS": "1"}), timeout=120)
+    assert alone.code == 0, alone.output[-3000:]
+    assert alone.summary()["mean_staleness"] == "0"
+    assert_nothing_left(str(tmp_path))
