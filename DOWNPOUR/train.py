@@ -365,7 +365,8 @@ def model_loss_and_accuracy(params, x, y):
 # The algorithm
 # ==================================================================================================
 Downpour = collections.namedtuple("Downpour", "global_params local_params accumulated_gradients "
-                                  "global_step loss local_step push pull push_and_pull")
+                                  "global_step loss local_step push pull push_and_pull "
+                                  "staleness_sum")
 
 
 def build_downpour(args, cluster, x, y):
@@ -422,10 +423,22 @@ def build_downpour(args, cluster, x, y):
     pull = copy_global_to_local()
     with tf.control_dependencies([push]):
         pulled = copy_global_to_local()
+    # Staleness of a push: how many pushes of other workers landed on the ps between this
+    # worker's last pull and this push. One scalar a window; the sum lives beside global_step.
+    with tf.compat.v1.device(worker):
+        step_at_pull = tf.compat.v1.Variable(
+            global_step.read_value(), trainable=False, name="step_at_pull",
+            collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES])
+    with tf.compat.v1.device(global_step.device):
+        staleness_sum = tf.compat.v1.get_variable(
+            "staleness_sum", [], tf.int64, tf.compat.v1.zeros_initializer(), trainable=False)
     with tf.control_dependencies([pulled]):
-        push_and_pull = tf.identity(push)
+        counted = staleness_sum.assign_add(push - step_at_pull.read_value() - 1,
+                                           read_value=False)
+    with tf.control_dependencies([counted]):
+        push_and_pull = tf.identity(step_at_pull.assign(push))
     return Downpour(global_params, local_params, accumulated_gradients, global_step, loss,
-                    local_step, push, pull, push_and_pull)
+                    local_step, push, pull, push_and_pull, staleness_sum)
 
 
 def worker_variables(prefix, like, initial_value):
@@ -538,7 +551,8 @@ def train(args, cluster, server):
 
     # The other workers have left (the hook waited for them): evaluate the final parameters.
     with tf.compat.v1.Session(server.target, config=session_config(task)) as session:
-        final_step = int(session.run(downpour.global_step))
+        final_step, staleness_sum = map(int, session.run([downpour.global_step,
+                                                          downpour.staleness_sum]))
         final_accuracy = record_test_accuracy(session, final_step, time.time() - started)
     writer.flush()
     # the timed mini-batch steps of all workers: every push but the chief's first is a window
@@ -548,7 +562,9 @@ def train(args, cluster, server):
         ("example", EXAMPLE), ("test_accuracy", final_accuracy), ("global_step", final_step),
         ("workers", num_workers), ("ps", len(cluster["ps"])),
         ("local_steps", [local_step] + [peers.local_steps[w] for w in range(1, num_workers)]),
-        ("lost_workers", len(lost)), ("wall_seconds", time.time() - started),
+        ("lost_workers", len(lost)),
+        ("mean_staleness", staleness_sum / max(final_step, 1)),
+        ("wall_seconds", time.time() - started),
         ("steps_per_sec", steps_done / train_seconds),
         ("examples_per_sec", steps_done * args.batch_size / train_seconds),
         ("batch_size", args.batch_size), ("log_dir", args.log_dir),

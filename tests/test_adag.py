@@ -157,3 +157,8 @@ def test_adag_a_worker_killed_mid_run_does_not_hang_the_others(tmp_path):
     assert "[run.sh] failed: worker1 (exit 137)" in run.output
     assert_nothing_left(str(tmp_path))
 
+
+
+def test_adag_counts_the_pushes_of_others_between_a_pull_and_a_push(default_run):
+    staleness = float(default_run.summary()["mean_staleness"])
+    assert 0 < staleness < 2, default_run.summary()
