@@ -162,3 +162,50 @@ def read_until(proc, text, timeout):
             break
     os.killpg(proc.pid, signal.SIGKILL)
     pytest.fail("no line with %r within %d s:\n%s" % (text, timeout, "".join(seen)[-3000:]))
+
+
+def kill_mid_run(example, tmp_path, args=(), victim="worker1", env=None, timeout=180):
+    """Start run.sh, SIGKILL one worker after its first progress line, let the rest finish.
+
+    Returns the Run, with killed_at (seconds since the epoch) set."""
+    proc = start_example(example, ["--log_dir", str(tmp_path / "logs"), "--log_every", "50"]
+                         + list(args), env)
+    seen = read_until(proc, "[%s] local_step=" % victim, timeout=120)
+    os.kill(int(seen.split("started %s pid=" % victim)[1].split()[0]), signal.SIGKILL)
+    killed_at = time.time()
+    run = finish(proc, timeout=timeout)
+    run.killed_at = killed_at
+    return run
+
+
+def in_process_cluster(num_workers=1):
+    """One ps and num_workers worker servers (real gRPC servers) in this process, on free ports."""
+    import tensorflow as tf
+    cluster = {"ps": ["localhost:%d" % free_port()],
+               "worker": ["localhost:%d" % free_port() for _ in range(num_workers)]}
+    spec = tf.compat.v1.train.ClusterSpec(cluster)
+    tf.compat.v1.train.Server(spec, job_name="ps", task_index=0, start=True)
+    workers = [tf.compat.v1.train.Server(spec, job_name="worker", task_index=i, start=True)
+               for i in range(num_workers)]
+    return cluster, workers
+
+
+def run_with_defaults(example, tmp_path_factory, timeout=180):
+    """One run of an example with its defaults, for a module-scoped fixture to share."""
+    tmp = tmp_path_factory.mktemp(example + "_defaults")
+    run = finish(start_example(example, ["--log_dir", str(tmp / "logs")]), timeout=timeout)
+    assert_nothing_left(str(tmp))
+    return run
+
+
+ACCURACY_BAR = 0.95
+
+
+def assert_trained_to_the_bar(run, workers):
+    """A clean run: exit 0, the accuracy bar, no lost worker, the ps and run.sh ended by themselves."""
+    assert run.code == 0, run.output[-3000:]
+    summary = run.summary()
+    assert float(summary["test_accuracy"]) >= ACCURACY_BAR, summary
+    assert summary["workers"] == str(workers) and summary["lost_workers"] == "0"
+    assert "[ps0] all %d worker(s) done; shutting down" % workers in run.output
+    assert "[run.sh] all processes finished" in run.output

@@ -1,30 +1,18 @@
 """DOWNPOUR: local windows, accumulated gradients pushed to an Adagrad ps, pulls, a real barrier."""
-import os
-import signal
 import threading
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import (assert_nothing_left, finish, free_port, load_train_module, read_until,
-                      start_example)
+from conftest import (assert_nothing_left, assert_trained_to_the_bar, in_process_cluster,
+                      kill_mid_run, load_train_module, run_with_defaults)
 
 ACCURACY_BAR = 0.95
 downpour = load_train_module("DOWNPOUR")
 
 
 # --- Helpers: a real cluster inside the test process, driven op by op -----------------------------
-def in_process_cluster(num_workers=1):
-    """One ps and num_workers worker servers (real gRPC servers) on free localhost ports."""
-    cluster = {"ps": ["localhost:%d" % free_port()],
-               "worker": ["localhost:%d" % free_port() for _ in range(num_workers)]}
-    spec = tf.compat.v1.train.ClusterSpec(cluster)
-    tf.compat.v1.train.Server(spec, job_name="ps", task_index=0, start=True)
-    workers = [tf.compat.v1.train.Server(spec, job_name="worker", task_index=i, start=True)
-               for i in range(num_workers)]
-    return cluster, workers
-
 
 def flags(*argv):
     parser = downpour.common_flags("test")
@@ -200,20 +188,11 @@ def test_downpour_workers_start_from_the_ps_values_through_the_session_barrier()
 @pytest.fixture(scope="module")
 def default_run(tmp_path_factory):
     """One run with the defaults (1 ps + 2 workers), shared by the tests that read it."""
-    tmp = tmp_path_factory.mktemp("downpour_defaults")
-    proc = start_example("DOWNPOUR", ["--log_dir", str(tmp / "logs")])
-    run = finish(proc, timeout=180)
-    assert_nothing_left(str(tmp))
-    return run
+    return run_with_defaults("DOWNPOUR", tmp_path_factory)
 
 
 def test_downpour_reaches_the_accuracy_bar_with_its_defaults(default_run):
-    assert default_run.code == 0, default_run.output[-3000:]
-    summary = default_run.summary()
-    assert float(summary["test_accuracy"]) >= ACCURACY_BAR
-    assert summary["workers"] == "2" and summary["lost_workers"] == "0"
-    assert "[ps0] all 2 worker(s) done; shutting down" in default_run.output
-    assert "[run.sh] all processes finished" in default_run.output
+    assert_trained_to_the_bar(default_run, workers=2)
 
 
 def test_downpour_pushes_once_per_window_per_worker(default_run):
@@ -228,12 +207,7 @@ def test_downpour_pushes_once_per_window_per_worker(default_run):
 
 
 def test_downpour_a_worker_killed_mid_run_does_not_hang_the_others(tmp_path):
-    proc = start_example("DOWNPOUR", ["--log_dir", str(tmp_path / "logs"), "--steps", "3000",
-                                      "--log_every", "50"])
-    seen = read_until(proc, "[worker1] local_step=", timeout=90)
-    victim = int(seen.split("started worker1 pid=")[1].split()[0])
-    os.kill(victim, signal.SIGKILL)
-    run = finish(proc, timeout=120)  # the chief trains on alone, then everything exits
+    run = kill_mid_run("DOWNPOUR", tmp_path, ["--steps", "3000"])  # the chief trains on alone
     assert run.code == 1, run.output[-3000:]
     summary = run.summary()
     assert summary["lost_workers"] == "1" and int(summary["global_step"]) >= 3000 // 5

@@ -1,12 +1,11 @@
 """Sync-SGD: lockstep steps, backup workers against stragglers and dead workers, no hang."""
 import os
-import signal
 import subprocess
 import sys
 import time
 
-from conftest import (assert_nothing_left, error_lines, example_dir, finish, free_port,
-                      read_until, run_train, start_example)
+from conftest import (assert_nothing_left, error_lines, example_dir, free_port, kill_mid_run,
+                      run_train)
 
 ACCURACY_BAR = 0.95
 
@@ -78,12 +77,8 @@ def test_with_a_backup_worker_the_step_time_follows_the_fast_workers(run_example
 
 
 def test_with_a_backup_worker_a_killed_worker_does_not_stop_training(tmp_path):
-    proc = start_example("Sync-SGD", ["--log_dir", str(tmp_path / "logs"), "--steps", "2000",
-                                      "--backup_workers", "1", "--log_every", "50"],
-                         env={"NUM_WORKERS": "3"})
-    seen = read_until(proc, "[worker2] local_step=", timeout=120)
-    os.kill(int(seen.split("started worker2 pid=")[1].split()[0]), signal.SIGKILL)
-    run = finish(proc, timeout=180)
+    run = kill_mid_run("Sync-SGD", tmp_path, ["--steps", "2000", "--backup_workers", "1"],
+                       victim="worker2", env={"NUM_WORKERS": "3"})
     summary = run.summary()  # training completed and reported its accuracy
     assert summary["global_step"] == "1000" and summary["lost_workers"] == "1"
     assert float(summary["test_accuracy"]) >= ACCURACY_BAR
@@ -92,16 +87,12 @@ def test_with_a_backup_worker_a_killed_worker_does_not_stop_training(tmp_path):
 
 
 def test_without_backup_workers_a_killed_worker_stops_the_rest_with_a_clear_error(tmp_path):
-    proc = start_example("Sync-SGD", ["--log_dir", str(tmp_path / "logs"), "--steps", "100000",
-                                      "--step_timeout", "5", "--log_every", "50"])
-    seen = read_until(proc, "[worker1] local_step=", timeout=120)
-    os.kill(int(seen.split("started worker1 pid=")[1].split()[0]), signal.SIGKILL)
-    killed = time.time()
-    run = finish(proc, timeout=60)
+    run = kill_mid_run("Sync-SGD", tmp_path, ["--steps", "100000", "--step_timeout", "5"],
+                       timeout=60)
     assert run.code == 1
     assert "[worker0] error: worker0: no synchronous step completed within 5 s" in run.output
     assert "Traceback" not in run.output
-    assert time.time() - killed < 40
+    assert time.time() - run.killed_at < 40
     assert_nothing_left(str(tmp_path))
 
 

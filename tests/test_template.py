@@ -8,8 +8,8 @@ import time
 import numpy as np
 import pytest
 
-from conftest import (assert_nothing_left, error_lines, finish, free_port, load_train_module,
-                      read_until, run_train, start_example)
+from conftest import (assert_nothing_left, error_lines, finish, free_port, kill_mid_run,
+                      load_train_module, read_until, run_train, start_example)
 
 ACCURACY_BAR = 0.95
 
@@ -92,13 +92,8 @@ def test_the_default_log_dir_is_new_for_every_run(tmp_path):
 
 
 def test_a_worker_killed_mid_run_does_not_hang_the_others(tmp_path):
-    proc = start_example("Distributed-Setup", ["--log_dir", str(tmp_path / "logs"), "--steps",
-                                               "3000", "--log_every", "50"],
-                         env={"NUM_WORKERS": "2"})
-    seen = read_until(proc, "[worker1] local_step=", timeout=90)
-    victim = int(seen.split("started worker1 pid=")[1].split()[0])
-    os.kill(victim, signal.SIGKILL)
-    run = finish(proc, timeout=120)  # the chief trains on alone, then everything exits
+    run = kill_mid_run("Distributed-Setup", tmp_path, ["--steps", "3000"],
+                       env={"NUM_WORKERS": "2"})  # the chief trains on alone, then all exit
     assert run.code == 1
     summary = run.summary()
     assert summary["global_step"] == "3000" and summary["lost_workers"] == "1"
