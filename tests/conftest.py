@@ -209,3 +209,15 @@ def assert_trained_to_the_bar(run, workers):
     assert summary["workers"] == str(workers) and summary["lost_workers"] == "0"
     assert "[ps0] all %d worker(s) done; shutting down" % workers in run.output
     assert "[run.sh] all processes finished" in run.output
+
+
+def assert_one_push_per_window(run, window, steps):
+    """DOWNPOUR and ADAG: each worker pushes once per whole window of local steps."""
+    summary = run.summary()
+    local_steps = [int(s) for s in summary["local_steps"].split(",")]
+    assert int(summary["window"]) == window, summary
+    assert all(s > 0 and s % window == 0 for s in local_steps), local_steps
+    assert int(summary["global_step"]) == sum(local_steps) // window
+    # --steps counts mini-batches of all workers: steps / window pushes, plus at most one
+    # window more per other worker that was mid-window when the chief stopped
+    assert steps // window <= int(summary["global_step"]) <= steps // window + 1

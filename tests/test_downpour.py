@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import (assert_nothing_left, assert_trained_to_the_bar, in_process_cluster,
-                      kill_mid_run, load_train_module, run_with_defaults)
+from conftest import (assert_nothing_left, assert_one_push_per_window, assert_trained_to_the_bar,
+                      in_process_cluster, kill_mid_run, load_train_module, run_with_defaults)
 
 ACCURACY_BAR = 0.95
 downpour = load_train_module("DOWNPOUR")
@@ -196,14 +196,7 @@ def test_downpour_reaches_the_accuracy_bar_with_its_defaults(default_run):
 
 
 def test_downpour_pushes_once_per_window_per_worker(default_run):
-    summary = default_run.summary()
-    window, local_steps = int(summary["window"]), [int(s) for s in
-                                                   summary["local_steps"].split(",")]
-    assert window == 5 and all(s > 0 and s % window == 0 for s in local_steps), local_steps
-    assert int(summary["global_step"]) == sum(local_steps) // window
-    # --steps (2000) counts mini-batches of all workers: 400 pushes, plus at most one
-    # window more per other worker that was mid-window when the chief stopped
-    assert 400 <= int(summary["global_step"]) <= 401
+    assert_one_push_per_window(default_run, window=5, steps=2000)
 
 
 def test_downpour_a_worker_killed_mid_run_does_not_hang_the_others(tmp_path):

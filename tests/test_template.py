@@ -233,26 +233,27 @@ def test_the_digits_split_is_fixed_and_disjoint():
     assert sum(bytes(r) in train_rows for r in a.x_test) < 0.05 * len(a.x_test)  # few duplicates
 
 
+def write_tiny_mnist(path, train, test, seed):
+    """An .npz shaped like MNIST (28x28 uint8 images, labels 0-9) with random content."""
+    rng = np.random.default_rng(seed)
+    np.savez(path, x_train=rng.integers(0, 256, (train, 28, 28), dtype=np.uint8),
+             y_train=rng.integers(0, 10, train),
+             x_test=rng.integers(0, 256, (test, 28, 28), dtype=np.uint8),
+             y_test=rng.integers(0, 10, test))
+
+
 def test_mnist_loads_from_a_local_npz(tmp_path):
     train = load_train_module("Distributed-Setup")
-    rng = np.random.default_rng(0)
     path = tmp_path / "mnist.npz"
-    np.savez(path, x_train=rng.integers(0, 256, (50, 28, 28), dtype=np.uint8),
-             y_train=rng.integers(0, 10, 50), x_test=rng.integers(0, 256, (20, 28, 28),
-                                                                 dtype=np.uint8),
-             y_test=rng.integers(0, 10, 20))
+    write_tiny_mnist(path, train=50, test=20, seed=0)
     data = train.load_dataset("mnist", str(path))
     assert data.x_train.shape == (50, 784) and data.x_test.shape == (20, 784)
     assert data.pixel_max == 255 and data.y_train.dtype == np.int64
 
 
 def test_the_mnist_path_trains_end_to_end_on_a_tiny_file(run_example, tmp_path):
-    rng = np.random.default_rng(1)
     path = tmp_path / "tiny.npz"
-    np.savez(path, x_train=rng.integers(0, 256, (256, 28, 28), dtype=np.uint8),
-             y_train=rng.integers(0, 10, 256), x_test=rng.integers(0, 256, (64, 28, 28),
-                                                                  dtype=np.uint8),
-             y_test=rng.integers(0, 10, 64))
+    write_tiny_mnist(path, train=256, test=64, seed=1)
     run = run_example("Distributed-Setup", "--dataset", "mnist", "--data_path", str(path),
                       "--steps", "20")
     assert run.code == 0, run.output[-3000:]
