@@ -1,7 +1,7 @@
 """The Basics-Tutorial notebooks run top to bottom, headless, each on a fresh kernel.
 
 Every notebook is copied to a temporary folder and executed there, so the committed notebooks
-(and their outputs) are never touched. The three Multiple-Workers notebooks run together, as
+(and their outputs) are never touched. The three 4-Multiple-Workers notebooks run together, as
 the three processes of one cluster on free ports, and their printed output must show the
 cross-worker effect. Afterwards no kernel and no TensorFlow server may be left running.
 """
@@ -21,16 +21,17 @@ from nbclient.exceptions import CellExecutionError
 
 TUTORIAL = Path(__file__).resolve().parent.parent / "Basics-Tutorial"
 SINGLE_NOTEBOOKS = [
-    "Servers.ipynb",
-    "Parameter-Server.ipynb",
-    "Local-then-Global-Variables.ipynb",
-    "Devices-and-In-Graph-Replication.ipynb",
+    "1-Servers.ipynb",
+    "2-Parameter-Server.ipynb",
+    "3-Local-then-Global-Variables.ipynb",
+    "5-Devices-and-In-Graph-Replication.ipynb",
 ]
-MULTIPLE_WORKERS = ["Parameter-Server.ipynb", "Worker-0.ipynb", "Worker-1.ipynb"]
-ALL_NOTEBOOKS = SINGLE_NOTEBOOKS + ["Multiple-Workers/" + name for name in MULTIPLE_WORKERS]
+MULTIPLE_WORKERS_DIR = "4-Multiple-Workers/"
+MULTIPLE_WORKERS = ["PS-Task.ipynb", "Worker-0.ipynb", "Worker-1.ipynb"]
+ALL_NOTEBOOKS = SINGLE_NOTEBOOKS + [MULTIPLE_WORKERS_DIR + name for name in MULTIPLE_WORKERS]
 
 CELL_TIMEOUT = 120  # seconds one cell may take
-PEER_WAIT_SECONDS = 60  # how long a Multiple-Workers notebook waits for the others
+PEER_WAIT_SECONDS = 60  # how long a 4-Multiple-Workers notebook waits for the others
 CLEANUP_SECONDS = 15  # how long a kernel may take to disappear after its notebook ended
 
 
@@ -153,7 +154,7 @@ def test_notebook_runs_top_to_bottom_on_a_fresh_kernel(name, tmp_path):
     assert_nothing_left_running()
 
 
-# --- Multiple-Workers: three notebooks, one cluster ---
+# --- 4-Multiple-Workers: three notebooks, one cluster ---
 
 
 @pytest.fixture(scope="module")
@@ -161,7 +162,7 @@ def multiple_workers(tmp_path_factory):
     """Run the ps and both workers at the same time, each on its own kernel; their printouts."""
     tmp_dir = tmp_path_factory.mktemp("multiple-workers")
     ports, env = cluster_on_free_ports(wait_seconds=PEER_WAIT_SECONDS)
-    paths = [copy_to(tmp_dir, "Multiple-Workers/" + name) for name in MULTIPLE_WORKERS]
+    paths = [copy_to(tmp_dir, MULTIPLE_WORKERS_DIR + name) for name in MULTIPLE_WORKERS]
 
     async def run_cluster():
         return await asyncio.gather(*(execute(path, env) for path in paths))
@@ -200,7 +201,7 @@ def test_ps_finishes_once_both_workers_are_done(multiple_workers):
     "name, error",
     [
         ("Worker-1.ipynb", "TimeoutError"),  # no ps to connect to
-        ("Parameter-Server.ipynb", "DeadlineExceededError"),  # no worker ever says it is done
+        ("PS-Task.ipynb", "DeadlineExceededError"),  # no worker ever says it is done
     ],
 )
 def test_a_notebook_whose_peers_never_start_fails_instead_of_hanging(name, error, tmp_path):
@@ -208,7 +209,7 @@ def test_a_notebook_whose_peers_never_start_fails_instead_of_hanging(name, error
 
     started = time.monotonic()
     with pytest.raises(CellExecutionError, match=error):
-        asyncio.run(execute(copy_to(tmp_path, "Multiple-Workers/" + name), env))
+        asyncio.run(execute(copy_to(tmp_path, MULTIPLE_WORKERS_DIR + name), env))
     assert time.monotonic() - started < CELL_TIMEOUT
     assert_nothing_left_running(ports)
 
