@@ -1,46 +1,33 @@
 """DOWNPOUR: workers train local copies and push accumulated gradients to an Adagrad ps.
 
 What it teaches
-    How to talk to the parameter server less often. Each worker keeps its own copy of the
-    parameters (local_params, on the worker) and trains it for a window of mini-batches
-    without any network traffic, adding up its gradients. Then it pushes the sum to the ps,
-    where Adagrad applies it to the global parameters (global_params), and pulls the result
-    back. Dean et al. found Adagrad on the ps to be what keeps many asynchronous replicas
-    stable: each parameter's step shrinks with the gradients it has already received, so a
-    large or stale push cannot throw the model far. Between two pushes a worker's copy drifts
-    from the ps; right after a pull it equals it.
+    How to talk to the parameter server less often. Each worker trains its own copy of the
+    parameters (local_params) for a window of mini-batches with no network traffic, adding up
+    its gradients; then it pushes the sum to the ps, where Adagrad applies it to global_params,
+    and pulls the result. Adagrad on the ps is what Dean et al. found to keep many asynchronous
+    replicas stable: each parameter's step shrinks with the gradients it has already had.
 
 The update rule (worker k; the global step counts pushes)
-    local_params <- pull global_params                       # once, when the worker starts
+    local_params <- global_params                                # pulled when the worker starts
     repeat:
         accumulated <- 0
-        window times:                                        # on the worker, no network
+        window times:                                            # on the worker, no network
             g <- grad L(local_params; next mini-batch of k)
-            local_params <- local_params - learning_rate * g    # or local Adagrad
+            local_params <- local_params - learning_rate * g      # or local Adagrad
             accumulated  <- accumulated + g
-        push: global_params <- Adagrad(global_params, accumulated)   # on the ps
-              global_step   <- global_step + 1
+        push: global_params <- Adagrad(global_params, accumulated)   # on the ps; global_step += 1
         pull: local_params  <- global_params
 
 Run it
-    bash run.sh                          # 1 ps + 2 workers on free localhost ports
+    bash run.sh                                    # 1 ps + 2 workers on free localhost ports
     bash run.sh --window 10 --local_optimizer adagrad
-    By hand, one terminal per task, on one machine or several (the same flags but the role):
-      H="--ps_hosts h0:2222 --worker_hosts h1:2222,h2:2222"
-      python train.py --job_name ps --task_index 0 $H       # on h0
-      python train.py --job_name worker --task_index 0 $H   # on h1: the chief
-      python train.py --job_name worker --task_index 1 $H   # on h2
-    Or set TF_CONFIG and give no cluster flags. --steps counts mini-batch steps of all workers
-    together, as in every example; since the global step counts pushes, training stops once
-    the global step reaches steps / window.
+    By hand or with TF_CONFIG: as in ../Distributed-Setup. --steps counts the mini-batches of
+    all workers, as in every example: training stops once the global step reaches steps/window.
 
-Use your own model
-    Edit the two sections marked "(replace with your own)": Data and Model. build_downpour
-    only needs the parameters and a loss.
+Use your own model: edit the sections marked "(replace with your own)", Data and Model.
 
 References
-    J. Dean, G. Corrado, R. Monga, K. Chen, M. Devin, Q. Le, M. Mao, M. Ranzato, A. Senior,
-    P. Tucker, K. Yang, A. Ng, "Large Scale Distributed Deep Networks", NIPS 2012, Sec. 4.1.
+    J. Dean et al., "Large Scale Distributed Deep Networks", NIPS 2012, Sec. 4.1 (Downpour SGD).
     J. Duchi, E. Hazan, Y. Singer, "Adaptive Subgradient Methods for Online Learning and
     Stochastic Optimization", JMLR 2011 (Adagrad).
 """
@@ -52,234 +39,24 @@ import socket
 import sys
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before the import: hide TensorFlow's C++ info
 import numpy as np
-import tensorflow as tf
 
+tf = None  # TensorFlow loads once the flags are checked (run_task): bad input fails at once
 EXAMPLE = "DOWNPOUR"
 
 
-# ==================================================================================================
-# Flags and cluster
-# ==================================================================================================
-# >>> shared: flags
-class OneLineErrorParser(argparse.ArgumentParser):
-    def error(self, message):
-        fail(message + " (see --help)")
-
-
-def fail(message):
-    """Stop with one line on stderr and exit status 2: for bad input, never for bugs."""
-    print("error: " + message, file=sys.stderr, flush=True)
-    sys.exit(2)
-
-
-def common_flags(description):
-    """The flags every example shares; an example adds its own to the parser this returns."""
-    p = OneLineErrorParser(description=description,
-                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--steps", type=int, default=2000,
-                   help="mini-batch steps to train, summed over all workers")
-    p.add_argument("--batch_size", type=int, default=64, help="examples per mini-batch")
-    p.add_argument("--learning_rate", type=float, default=0.1,
-                   help="learning rate of the workers' optimizer")
-    p.add_argument("--hidden", type=int, default=128, help="width of the MLP's hidden layer")
-    p.add_argument("--dataset", default="digits", help="digits (bundled, offline) or mnist")
-    p.add_argument("--data_path", default="", help="a local mnist.npz (else mnist downloads)")
-    p.add_argument("--log_dir", default="",
-                   help="checkpoints and TensorBoard summaries; an existing one resumes "
-                        "(default: a new logs/<time> folder beside train.py)")
-    p.add_argument("--seed", type=int, default=0, help="seed of initial weights and shuffling")
-    p.add_argument("--metrics_file", default="", help="also write the summary here, as JSON")
-    p.add_argument("--log_every", type=int, default=100, help="progress every N local steps")
-    p.add_argument("--eval_every", type=int, default=200,
-                   help="test accuracy every N local steps of the chief (0: at the end only)")
-    return p
-
-
-def check_common_flags(args):
-    """Reject bad values before any server starts, so every task fails alike and at once."""
-    for name in ("steps", "batch_size", "learning_rate", "hidden", "log_every"):
-        if getattr(args, name) <= 0:
-            fail("--%s must be positive, got %s" % (name, getattr(args, name)))
-    if args.eval_every < 0:
-        fail("--eval_every must be 0 (only at the end) or positive, got %d" % args.eval_every)
-    if args.dataset not in ("digits", "mnist"):
-        fail("unknown dataset %r: use digits or mnist" % args.dataset)
-# <<< shared: flags
-
-
-def downpour_flags(parser):
+def example_flags(parser):
     parser.add_argument("--window", type=int, default=5,
-                        help="local mini-batch steps between two pushes (n_push = n_fetch)")
+                        help="local mini-batch steps between two pushes")
     parser.add_argument("--local_optimizer", default="sgd", choices=("sgd", "adagrad"),
                         help="how a worker trains its local copy between pushes")
     parser.add_argument("--ps_optimizer", default="adagrad", choices=("adagrad", "sgd"),
-                        help="how the ps applies a pushed gradient: adagrad (the paper's "
-                             "stabiliser) or sgd, to see what it stabilises")
+                        help="how the ps applies a push: adagrad (the paper's stabiliser) or sgd")
     parser.add_argument("--ps_learning_rate", type=float, default=0.1,
                         help="learning rate of the ps optimizer")
-    parser.epilog = ("--steps counts mini-batch steps of all workers together; the global "
-                     "step counts pushes, so training stops once it reaches steps / window.")
 
 
-def check_downpour_flags(args):
-    for name in ("window", "ps_learning_rate"):
-        if getattr(args, name) <= 0:
-            fail("--%s must be positive, got %s" % (name, getattr(args, name)))
-
-
-# >>> shared: cluster
-def cluster_flags(parser):
-    parser.add_argument("--job_name", default="", help="ps or worker (or set TF_CONFIG)")
-    parser.add_argument("--task_index", type=int, default=0, help="this task's index in its job")
-    parser.add_argument("--ps_hosts", default="", help="comma-separated host:port of ps tasks")
-    parser.add_argument("--worker_hosts", default="", help="comma-separated host:port of workers")
-    parser.add_argument("--connect_timeout", type=float, default=60,
-                        help="seconds to wait for the other tasks of the cluster")
-
-
-def parse_hosts(flag, text):
-    hosts = [h.strip() for h in text.split(",")]
-    for h in hosts:
-        host, _, port = h.rpartition(":")
-        if not host or not port.isdigit() or not 0 < int(port) < 65536:
-            fail("%s: %r is not host:port (for example localhost:2222)" % (flag, h))
-    return hosts
-
-
-def resolve_cluster(args):
-    """Return (cluster, job name, task index) from the flags or else from TF_CONFIG.
-
-    TF_CONFIG is the JSON that Kubernetes operators (Kubeflow's TFJob) give every task:
-    {"cluster": {"ps": [...], "worker": [...]}, "task": {"type": "worker", "index": 0}}.
-    A "chief" task, if there is one, becomes worker 0 and the workers follow it.
-    """
-    if args.job_name or args.ps_hosts or args.worker_hosts or "TF_CONFIG" not in os.environ:
-        if not args.ps_hosts or not args.worker_hosts:
-            fail("give --ps_hosts and --worker_hosts (or set TF_CONFIG)")
-        cluster = {"ps": parse_hosts("--ps_hosts", args.ps_hosts),
-                   "worker": parse_hosts("--worker_hosts", args.worker_hosts)}
-        job, index = args.job_name, args.task_index
-    else:
-        try:
-            config = json.loads(os.environ["TF_CONFIG"])
-            spec, task = config["cluster"], config["task"]
-            job, index = task["type"], int(task.get("index", 0))
-            chief = list(spec.get("chief", []))
-            cluster = {"ps": list(spec["ps"]), "worker": chief + list(spec.get("worker", []))}
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
-            fail("TF_CONFIG is not valid cluster JSON (%s: %s)" % (type(e).__name__, e))
-        if job == "chief":
-            job, index = "worker", 0
-        elif job == "worker":
-            index += len(chief)
-        for name in ("ps", "worker"):
-            parse_hosts("TF_CONFIG cluster." + name, ",".join(cluster[name]))
-    if job not in ("ps", "worker"):
-        fail("unknown job name %r: use ps or worker" % job)
-    if not 0 <= index < len(cluster[job]):
-        fail("task index %d is out of range: the %s job has %d task(s), 0..%d"
-             % (index, job, len(cluster[job]), len(cluster[job]) - 1))
-    return cluster, job, index
-
-
-def start_server(cluster, job, index):
-    """Start this task's gRPC server; one clear line if its port is taken."""
-    port = int(cluster[job][index].rpartition(":")[2])
-    probe = socket.socket()
-    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        probe.bind(("", port))
-    except OSError:
-        fail("port %d (%s %d) is already in use: is an earlier run still going?" % (port, job, index))
-    finally:
-        probe.close()
-    # one thread per op is plenty for this model and leaves the cores to the other processes
-    config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1, inter_op_parallelism_threads=2)
-    try:
-        return tf.compat.v1.train.Server(tf.compat.v1.train.ClusterSpec(cluster), job_name=job,
-                                         task_index=index, config=config, start=True)
-    except tf.errors.UnknownError:
-        fail("could not start a server on port %d (%s %d): is it in use?" % (port, job, index))
-
-
-def is_listening(address):
-    host, _, port = address.rpartition(":")
-    try:
-        socket.create_connection((host, int(port)), timeout=1).close()
-        return True
-    except OSError:
-        return False
-
-
-def wait_until_listening(addresses, what, timeout):
-    """Wait for servers to accept connections, or fail with a line naming the missing one."""
-    deadline = time.time() + timeout
-    for i, address in enumerate(addresses):
-        while not is_listening(address):
-            if time.time() > deadline:
-                fail("cannot reach %s %d at %s after %.0f s: is it running? (check the host list)"
-                     % (what, i, address, timeout))
-            time.sleep(0.2)  # back-off between connection attempts
-# <<< shared: cluster
-
-
-# >>> shared: sessions
-def session_config(task_index):
-    """The config of every worker session: it sees only the ps tasks and this worker.
-
-    Without the filter a worker's session waits for every task in the cluster, including
-    workers that have already finished and left.
-    """
-    return tf.compat.v1.ConfigProto(
-        device_filters=["/job:ps", "/job:worker/task:%d" % task_index],
-        intra_op_parallelism_threads=1, inter_op_parallelism_threads=2)
-
-
-class FastWorkerSessionCreator(tf.compat.v1.train.SessionCreator):
-    """What MonitoredTrainingSession does on non-chief workers, but polling every 0.25 s.
-
-    The stock creator checks whether the chief has initialised the model only every 30 s, so
-    in a short run the other workers would join long after the chief started training.
-    """
-
-    def __init__(self, master, config, max_wait_secs):
-        self.master, self.config, self.max_wait_secs = master, config, max_wait_secs
-        self.scaffold = tf.compat.v1.train.Scaffold()
-
-    def create_session(self):
-        self.scaffold.finalize()
-        manager = tf.compat.v1.train.SessionManager(
-            local_init_op=self.scaffold.local_init_op, ready_op=self.scaffold.ready_op,
-            ready_for_local_init_op=self.scaffold.ready_for_local_init_op,
-            graph=tf.compat.v1.get_default_graph(), recovery_wait_secs=0.25)
-        try:
-            return manager.wait_for_session(self.master, config=self.config,
-                                            max_wait_secs=self.max_wait_secs)
-        except tf.errors.DeadlineExceededError:
-            fail("the chief (worker 0) did not initialise the model within %.0f s"
-                 % self.max_wait_secs)
-
-
-def training_session(args, server, is_chief, hooks, chief_only_hooks=()):
-    """A MonitoredSession; on the chief it also initialises or restores, saves and summarises."""
-    config = session_config(args.task_index)
-    if is_chief:
-        return tf.compat.v1.train.MonitoredTrainingSession(
-            master=server.target, is_chief=True, checkpoint_dir=args.log_dir, hooks=hooks,
-            chief_only_hooks=list(chief_only_hooks), save_checkpoint_secs=30,
-            save_summaries_steps=args.log_every, log_step_count_steps=args.log_every,
-            config=config, stop_grace_period_secs=5)
-    creator = FastWorkerSessionCreator(server.target, config, args.connect_timeout)
-    return tf.compat.v1.train.MonitoredSession(session_creator=creator, hooks=hooks,
-                                               stop_grace_period_secs=5)
-# <<< shared: sessions
-
-
-# ==================================================================================================
-# Data (replace with your own)
-# ==================================================================================================
+# --- Data (replace with your own) -----------------------------------------------------------------
 # >>> shared: data
 Dataset = collections.namedtuple("Dataset", "x_train y_train x_test y_test pixel_max")
 
@@ -288,8 +65,8 @@ def load_dataset(name, data_path=""):
     """Handwritten digits as integer pixels and labels, with a fixed train/test split.
 
     digits: scikit-learn's bundled 8x8 images (1797), offline; a fixed 20% is the test set.
-    mnist:  28x28 images (70000) from a local .npz (keys x_train, y_train, x_test, y_test),
-            or downloaded once by tf.keras.datasets into ~/.keras/datasets.
+    mnist:  28x28 images (70000) from a local .npz (x_train, y_train, x_test, y_test), or
+            downloaded once by tf.keras.datasets into ~/.keras/datasets.
     """
     if name == "digits":
         from sklearn.datasets import load_digits
@@ -299,21 +76,19 @@ def load_dataset(name, data_path=""):
             digits.data.astype(np.uint8), digits.target.astype(np.int64),
             test_size=0.2, random_state=0, stratify=digits.target)
         return Dataset(x_train, y_train, x_test, y_test, pixel_max=16)
-    if name == "mnist":
-        try:
-            if data_path:
-                with np.load(data_path) as f:
-                    x_train, y_train, x_test, y_test = (
-                        f["x_train"], f["y_train"], f["x_test"], f["y_test"])
-            else:
-                (x_train, y_train), (x_test, y_test) = tf.keras.datasets.mnist.load_data()
-        except Exception as e:  # a missing file or no network: say which, in one line
-            fail("could not load MNIST (%s: %s); pass --data_path to a local mnist.npz"
-                 % (type(e).__name__, str(e).splitlines()[0] if str(e) else ""))
-        flat = lambda x: x.reshape(len(x), -1).astype(np.uint8)
-        return Dataset(flat(x_train), y_train.astype(np.int64), flat(x_test),
-                       y_test.astype(np.int64), pixel_max=255)
-    fail("unknown dataset %r: use digits or mnist" % name)
+    try:
+        if data_path:
+            with np.load(data_path) as f:
+                (x_train, y_train), (x_test, y_test) = ((f["x_train"], f["y_train"]),
+                                                        (f["x_test"], f["y_test"]))
+        else:
+            (x_train, y_train), (x_test, y_test) = tf.keras.datasets.mnist.load_data()
+    except Exception as e:  # a missing file or no network: say which, in one line
+        fail("could not load MNIST (%s: %s); pass --data_path to a local mnist.npz"
+             % (type(e).__name__, str(e).splitlines()[0] if str(e) else ""))
+    flat = lambda x: x.reshape(len(x), -1).astype(np.uint8)
+    return Dataset(flat(x_train), y_train.astype(np.int64), flat(x_test), y_test.astype(np.int64),
+                   pixel_max=255)
 
 
 def scale(pixels, pixel_max):
@@ -336,9 +111,7 @@ def training_batches(data, batch_size, worker_index, num_workers, seed):
 # <<< shared: data
 
 
-# ==================================================================================================
-# Model (replace with your own)
-# ==================================================================================================
+# --- Model (replace with your own) ----------------------------------------------------------------
 # >>> shared: model
 def model_params(num_features, hidden, seed, num_classes=10):
     """The MLP's variables, created under the current device scope (the ps, in the examples)."""
@@ -361,12 +134,9 @@ def model_loss_and_accuracy(params, x, y):
 # <<< shared: model
 
 
-# ==================================================================================================
-# The algorithm
-# ==================================================================================================
+# --- The algorithm --------------------------------------------------------------------------------
 Downpour = collections.namedtuple("Downpour", "global_params local_params accumulated_gradients "
-                                  "global_step loss local_step push pull push_and_pull "
-                                  "staleness_sum")
+                                  "global_step loss local_step push pull push_and_pull")
 
 
 def build_downpour(args, cluster, x, y):
@@ -375,21 +145,19 @@ def build_downpour(args, cluster, x, y):
     local_step     one step of the local optimizer on local_params with the next mini-batch;
                    its gradient is added to accumulated_gradients. Runs on this worker only.
     push           the ps applies accumulated_gradients to global_params with its optimizer and
-                   counts the push in global_step; the accumulator restarts at zero.
+                   counts the push in global_step (its value); the accumulator restarts at zero.
     pull           local_params <- global_params.
     push_and_pull  both, in that order, in one session run; its value is the global step.
-    Only local_step reads (x, y), so only local_step consumes mini-batches.
     """
     worker = "/job:worker/task:%d" % args.task_index
-    on_ps = tf.compat.v1.train.replica_device_setter(
-        cluster=tf.compat.v1.train.ClusterSpec(cluster), worker_device=worker)
-    with tf.compat.v1.device(on_ps):
+    with tf.compat.v1.device(tf.compat.v1.train.replica_device_setter(
+            cluster=tf.compat.v1.train.ClusterSpec(cluster), worker_device=worker)):
         global_step = tf.compat.v1.train.get_or_create_global_step()
         global_params = model_params(int(x.shape[1]), args.hidden, args.seed)
     with tf.compat.v1.device(worker):
-        # The initial value is read from the ps. Each worker's session initialises its local
+        # The initial value is read from the ps: each worker's session initialises its local
         # variables only once the chief has initialised the global ones (the session manager's
-        # ready_for_local_init_op): a real barrier, so every worker starts from the ps.
+        # ready_for_local_init_op), a real barrier, so every worker starts from the ps.
         local_params = worker_variables("local", global_params, lambda p: p.read_value())
         accumulated_gradients = worker_variables("accumulated", global_params,
                                                  lambda p: tf.zeros(p.shape))
@@ -397,25 +165,22 @@ def build_downpour(args, cluster, x, y):
         gradients = tf.gradients(loss, list(local_params.values()))
         accumulate = [a.assign_add(g, read_value=False)
                       for a, g in zip(accumulated_gradients.values(), gradients)]
-        train_local = local_optimizer(args, local_params, gradients)
-        with tf.control_dependencies(accumulate + train_local):
+        with tf.control_dependencies(accumulate + local_optimizer(args, local_params, gradients)):
             local_step = tf.identity(loss, name="local_step")
 
-    # Adagrad's per-parameter sums of squared gradients are created beside their parameters,
-    # on the ps, and the update runs there: only the accumulated gradient crosses the network.
-    if args.ps_optimizer == "adagrad":
-        ps_optimizer = tf.compat.v1.train.AdagradOptimizer(args.ps_learning_rate)
-    else:
-        ps_optimizer = tf.compat.v1.train.GradientDescentOptimizer(args.ps_learning_rate)
+    # Adagrad's sums of squared gradients live beside their parameters, on the ps, and the update
+    # runs there: only the accumulated gradient crosses the network.
+    ps_optimizer = (tf.compat.v1.train.AdagradOptimizer if args.ps_optimizer == "adagrad" else
+                    tf.compat.v1.train.GradientDescentOptimizer)(args.ps_learning_rate)
     apply_on_ps = ps_optimizer.apply_gradients(
         [(a.read_value(), p) for a, p in zip(accumulated_gradients.values(),
                                              global_params.values())])
     with tf.control_dependencies([apply_on_ps]):
-        count = global_step.assign_add(1, read_value=False)
+        count = global_step.assign_add(1)
         restart = [a.assign(tf.zeros(a.shape), read_value=False)
                    for a in accumulated_gradients.values()]
-    with tf.control_dependencies([count] + restart):
-        push = global_step.read_value()
+    with tf.control_dependencies(restart):
+        push = tf.identity(count)
 
     def copy_global_to_local():  # built inside the caller's control dependencies: reads after
         return tf.group(*[local.assign(theta.read_value(), read_value=False)
@@ -423,30 +188,15 @@ def build_downpour(args, cluster, x, y):
     pull = copy_global_to_local()
     with tf.control_dependencies([push]):
         pulled = copy_global_to_local()
-    # Staleness of a push: how many pushes of other workers landed on the ps between this
-    # worker's last pull and this push. One scalar a window; the sum lives beside global_step.
-    with tf.compat.v1.device(worker):
-        step_at_pull = tf.compat.v1.Variable(
-            global_step.read_value(), trainable=False, name="step_at_pull",
-            collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES])
-    with tf.compat.v1.device(global_step.device):
-        staleness_sum = tf.compat.v1.get_variable(
-            "staleness_sum", [], tf.int64, tf.compat.v1.zeros_initializer(), trainable=False)
     with tf.control_dependencies([pulled]):
-        counted = staleness_sum.assign_add(push - step_at_pull.read_value() - 1,
-                                           read_value=False)
-    with tf.control_dependencies([counted]):
-        push_and_pull = tf.identity(step_at_pull.assign(push))
+        push_and_pull = tf.identity(push)
     return Downpour(global_params, local_params, accumulated_gradients, global_step, loss,
-                    local_step, push, pull, push_and_pull, staleness_sum)
+                    local_step, push, pull, push_and_pull)
 
 
 def worker_variables(prefix, like, initial_value):
-    """One variable on this worker per parameter in like, named prefix_<name>.
-
-    They go in LOCAL_VARIABLES, not in the global ones: each worker's session initialises its
-    own (after the chief has initialised the globals), and checkpoints leave them out.
-    """
+    """One variable on this worker per parameter in like, named prefix_<name>. LOCAL_VARIABLES:
+    each worker initialises its own, and checkpoints leave them out."""
     return collections.OrderedDict(
         (name, tf.compat.v1.Variable(initial_value(param), trainable=False,
                                      name="%s_%s" % (prefix, name),
@@ -455,301 +205,345 @@ def worker_variables(prefix, like, initial_value):
 
 
 def local_optimizer(args, local_params, gradients):
-    """The updates of one local step; written out, since they touch only this worker's variables."""
+    """The updates of one local step, written out: they touch only this worker's variables."""
     if args.local_optimizer == "sgd":
         return [p.assign_sub(args.learning_rate * g, read_value=False)
                 for p, g in zip(local_params.values(), gradients)]
     # Adagrad: each parameter's step is learning_rate / sqrt(sum of its squared gradients so
     # far). The sums stay on the worker and survive pulls: they describe the worker's data.
     squares = worker_variables("squared_gradients", local_params, lambda p: tf.fill(p.shape, 0.1))
-    updates = []
-    for p, s, g in zip(local_params.values(), squares.values(), gradients):
-        total = s.assign_add(tf.square(g))
-        updates.append(p.assign_sub(args.learning_rate * g * tf.math.rsqrt(total),
-                                    read_value=False))
-    return updates
+    return [p.assign_sub(args.learning_rate * g * tf.math.rsqrt(s.assign_add(tf.square(g))),
+                         read_value=False)
+            for p, s, g in zip(local_params.values(), squares.values(), gradients)]
 
 
-# ==================================================================================================
-# Training loop
-# ==================================================================================================
+# --- The training loop ----------------------------------------------------------------------------
 def train(args, cluster, server):
-    task, role = args.task_index, "worker%d" % args.task_index
-    is_chief, num_workers = task == 0, len(cluster["worker"])
     data = load_dataset(args.dataset, args.data_path)
-    with tf.compat.v1.device("/job:worker/task:%d" % task):
-        x, y = training_batches(data, args.batch_size, task, num_workers, args.seed)
+    x, y = training_batches(data, args.batch_size, args.task_index, len(cluster["worker"]),
+                            args.seed)  # no device given: the pipeline runs on this worker
     downpour = build_downpour(args, cluster, x, y)
-    with tf.compat.v1.device("/job:worker/task:%d" % task):
-        test_accuracy = model_loss_and_accuracy(
-            downpour.global_params, scale(data.x_test, data.pixel_max), data.y_test)[1]
-    shutdown = Shutdown(cluster, task)
-    wait_until_listening(cluster["ps"], "ps", args.connect_timeout)
-
-    start_step, history = 0, []
-    if is_chief:
-        if tf.train.latest_checkpoint(args.log_dir):
-            start_step = int(tf.train.load_variable(args.log_dir, "global_step"))
-            print("[%s] resuming from the checkpoint at global step %d" % (role, start_step))
-        print("[%s] chief: log_dir=%s" % (role, args.log_dir), flush=True)
-        writer = tf.compat.v1.summary.FileWriterCache.get(args.log_dir)
-
-    def summarise(tag, value, step):
-        writer.add_summary(tf.compat.v1.Summary(value=[tf.compat.v1.Summary.Value(
-            tag=tag, simple_value=value)]), step)
-
-    def record_test_accuracy(session, step, elapsed):
-        accuracy = float(session.run(test_accuracy))
-        history.append([round(elapsed, 3), int(step), accuracy])
-        summarise("test_accuracy", accuracy, step)
-        return accuracy
-
-    def window_of_local_steps(step_context):
-        # The raw session, without the hooks: they would read the global step from the ps at
-        # every local step, the very traffic the window is there to save.
-        for _ in range(args.window):
-            loss_value = step_context.session.run(downpour.local_step)
-        return loss_value
-
-    def crossed(every):  # did the last window pass a multiple of every local steps?
-        return every and local_step // every > (local_step - args.window) // every
-
-    # the global step counts pushes: --steps mini-batches of all workers are steps/window pushes
-    last_push = -(-args.steps // args.window)
-    hooks = [tf.compat.v1.train.StopAtStepHook(last_step=last_push)]
-    peers = WaitForOtherWorkersHook(shutdown, cluster, args.connect_timeout)
-    local_step, ok, started = 0, False, time.time()
-    try:
-        with training_session(args, server, is_chief, hooks, [peers]) as sess:
-            print("[%s] training started" % role, flush=True)
-            # the first window also sets the graph up on every server: untimed
-            sess.run_step_fn(window_of_local_steps)
-            sess.run(downpour.push_and_pull)
-            local_step = logged_step = args.window
-            train_started = last_time = time.time()
-            while not sess.should_stop():
-                loss_value = sess.run_step_fn(window_of_local_steps)
-                step = sess.run(downpour.push_and_pull)
-                local_step += args.window
-                if crossed(args.log_every):
-                    now = time.time()
-                    progress(role, local_step, step, loss_value,
-                             (local_step - logged_step) / (now - last_time))
-                    logged_step, last_time = local_step, now
-                    if is_chief:
-                        summarise("local_loss", loss_value, step)
-                if is_chief and crossed(args.eval_every):
-                    sess.run_step_fn(lambda step_context: record_test_accuracy(
-                        step_context.session, step, time.time() - started))  # no hooks
-            train_seconds = time.time() - train_started
-        ok = True
-    finally:
-        shutdown.leave(server, local_step if ok else FAILED)
-    if not is_chief:
-        print("[%s] done: local_steps=%d" % (role, local_step), flush=True)
-        return 0
-
-    # The other workers have left (the hook waited for them): evaluate the final parameters.
-    with tf.compat.v1.Session(server.target, config=session_config(task)) as session:
-        final_step, staleness_sum = map(int, session.run([downpour.global_step,
-                                                          downpour.staleness_sum]))
-        final_accuracy = record_test_accuracy(session, final_step, time.time() - started)
-    writer.flush()
-    # the timed mini-batch steps of all workers: every push but the chief's first is a window
-    steps_done = (final_step - start_step - 1) * args.window
-    lost = [w for w, steps in peers.local_steps.items() if steps == FAILED]
-    report(role, args.metrics_file, collections.OrderedDict([
-        ("example", EXAMPLE), ("test_accuracy", final_accuracy), ("global_step", final_step),
-        ("workers", num_workers), ("ps", len(cluster["ps"])),
-        ("local_steps", [local_step] + [peers.local_steps[w] for w in range(1, num_workers)]),
-        ("lost_workers", len(lost)),
-        ("mean_staleness", staleness_sum / max(final_step, 1)),
-        ("wall_seconds", time.time() - started),
-        ("steps_per_sec", steps_done / train_seconds),
-        ("examples_per_sec", steps_done * args.batch_size / train_seconds),
-        ("batch_size", args.batch_size), ("log_dir", args.log_dir),
-        ("window", args.window), ("pushes", final_step - start_step),
-        ("local_optimizer", args.local_optimizer), ("ps_optimizer", args.ps_optimizer),
-        ("history", history)]))
-    shutdown.release_parameter_servers(server)
-    if lost:
-        fail("worker(s) %s were lost during training" % ",".join(map(str, lost)))
-    return 0
+    log = TrainingLog(args, cluster, downpour.global_params, data, steps_per_update=args.window)
+    push_and_pull = count_staleness(log, downpour.push_and_pull)
+    last_push = -(-args.steps // args.window)  # the global step counts pushes
+    with log.training_session(server, last_step=last_push) as session:
+        for log_now in log.updates(session):
+            # the window runs without the session's hooks: they would read the global step from
+            # the ps at every local step, the very traffic the window is there to save
+            loss = log.without_hooks(session, downpour.local_step, repeat=args.window)
+            step = session.run(push_and_pull)
+            if log_now:
+                log.progress(session, loss, step)
+        return log.end(session, minibatches_per_update=args.window, window=args.window,
+                       local_optimizer=args.local_optimizer, ps_optimizer=args.ps_optimizer)
 
 
-# >>> shared: reporting
-def default_log_dir():
-    stamp = time.strftime("%Y%m%d-%H%M%S") + "-%d" % os.getpid()
-    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "logs", stamp)
-
-
-def progress(role, local_step, global_step, loss, steps_per_sec):
-    print("[%s] local_step=%d global_step=%d loss=%.4f steps_per_sec=%.1f"
-          % (role, local_step, global_step, loss, steps_per_sec), flush=True)
-
-
-def report(role, metrics_file, metrics):
-    """The one summary line, in stable key=value pairs, and the same as JSON if asked."""
-    def text(value):
-        if isinstance(value, float):
-            return "%.6g" % value
-        return ",".join(map(str, value)) if isinstance(value, list) else str(value)
-    print("[%s] summary %s" % (role, " ".join(
-        "%s=%s" % (k, text(v)) for k, v in metrics.items() if k != "history")), flush=True)
-    if metrics_file:
-        with open(metrics_file, "w") as f:
-            json.dump(metrics, f, indent=1)
-# <<< shared: reporting
+def main(argv=None):
+    args = parse_flags(argv, example_flags)  # bad input fails here, before TensorFlow loads
+    return run_task(args, resolve_cluster(args), train)
 
 
 # ==================================================================================================
-# Shutdown
+# Plumbing shared by every example (identical text; you need not read below)
 # ==================================================================================================
-# >>> shared: shutdown
-# TensorFlow servers never stop by themselves (server.join() never returns). So each ps task
-# holds a "done" queue: every worker puts one token in it when it leaves, and the ps exits once
-# it has a token from each worker. Non-chief workers also put their local step count in a
-# "finished" queue that the chief empties before its final checkpoint and evaluation. A worker
-# that dies without a token is noticed when its server stops answering.
-FAILED = -1
+# >>> shared: flags
+def fail(message):
+    """One line on stderr and exit status 2: for bad input and lost peers, never for bugs."""
+    print("error: " + message, file=sys.stderr, flush=True)
+    sys.exit(2)
 
 
-def done_queue(cluster, ps_index):
-    """The queue on one ps task where each worker leaves a token as it goes."""
-    with tf.compat.v1.device("/job:ps/task:%d" % ps_index):
-        return tf.compat.v1.FIFOQueue(len(cluster["worker"]), [tf.int64, tf.int64], [[], []],
-                                      shared_name="done_ps%d" % ps_index)
+def parse_flags(argv, example_flags, distributed=True):
+    """The flags every example shares, then the example's own; bad values fail here."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.error = lambda message: fail(message + " (see --help)")
+    for flag, kind, default, text in [
+            ("steps", int, 2000, "mini-batches to train, summed over the workers"),
+            ("batch_size", int, 64, "examples per mini-batch"),
+            ("learning_rate", float, 0.1, "the workers' learning rate"),
+            ("hidden", int, 128, "width of the MLP's hidden layer"),
+            ("data_path", str, "", "a local mnist.npz for --dataset mnist (else it downloads)"),
+            ("log_dir", str, "", "checkpoints and summaries; an existing one resumes (default: a "
+             "new logs/<time> beside train.py)"),
+            ("seed", int, 0, "seed of the initial weights and the shuffling"),
+            ("metrics_file", str, "", "also write the summary here, as JSON"),
+            ("log_every", int, 100, "progress (the chief: test accuracy) every N local steps"),
+    ] + [("job_name", str, "", "ps or worker (or set TF_CONFIG)"),
+         ("task_index", int, 0, "this task's index in its job"),
+         ("ps_hosts", str, "", "comma-separated host:port of the ps tasks"),
+         ("worker_hosts", str, "", "comma-separated host:port of the workers"),
+         ("connect_timeout", float, 60, "seconds to wait for the other tasks")] * distributed:
+        p.add_argument("--" + flag, type=kind, default=default, help=text)
+    p.add_argument("--dataset", default="digits", choices=("digits", "mnist"), help="data set")
+    example_flags(p)
+    args = p.parse_args(argv)
+    for flag, value in vars(args).items():  # no number is negative, nor 0 if its default is not
+        if type(value) in (int, float) and (value < 0 or value == 0 < p.get_default(flag)):
+            fail("--%s must be %s, got %s" % (
+                flag, "positive" if p.get_default(flag) else "0 or more", value))
+    args.log_dir = args.log_dir or os.path.join(os.path.dirname(os.path.abspath(__file__)), "logs",
+                                                time.strftime("%Y%m%d-%H%M%S-") + str(os.getpid()))
+    return args
+# <<< shared: flags
 
 
-def finished_queue(cluster):
-    """The queue on ps 0 where each non-chief worker leaves its local step count."""
-    with tf.compat.v1.device("/job:ps/task:0"):
-        return tf.compat.v1.FIFOQueue(len(cluster["worker"]), [tf.int64, tf.int64], [[], []],
-                                      shared_name="finished_workers")
-
-
-class Shutdown(object):
-    """A worker's side of the queues, created by name on the ps tasks so every process finds them."""
-
-    def __init__(self, cluster, task_index):
-        self.task_index, self.ps_addresses = task_index, cluster["ps"]
-        self.done = [done_queue(cluster, i) for i in range(len(cluster["ps"]))]
-        self.finished = finished_queue(cluster)
-        # ops are built now: the training session finalizes the graph
-        self.steps = tf.compat.v1.placeholder(tf.int64, [])
-        self.report_finished = self.finished.enqueue([task_index, self.steps])
-        self.signal_done = [q.enqueue([task_index, self.steps]) for q in self.done]
-
-    def leave(self, server, local_steps):
-        """A non-chief worker (or a failed chief) reports its local steps and tells each ps."""
-        if self.task_index == 0 and local_steps != FAILED:
-            return  # the chief leaves last, after its evaluation
-        if not all(is_listening(a) for a in self.ps_addresses):
-            return  # a ps is gone: there is nobody left to tell
-        ops = self.signal_done if self.task_index == 0 else [self.report_finished] + self.signal_done
-        with tf.compat.v1.Session(server.target, config=session_config(self.task_index)) as s:
-            s.run(ops, {self.steps: local_steps},
-                  options=tf.compat.v1.RunOptions(timeout_in_ms=10000))
-
-    def release_parameter_servers(self, server):
-        with tf.compat.v1.Session(server.target, config=session_config(0)) as s:
-            s.run(self.signal_done, {self.steps: 0},
-                  options=tf.compat.v1.RunOptions(timeout_in_ms=10000))
-
-
-def token_ops(queue):
-    return queue.dequeue(), queue.size()
-
-
-def collect_tokens(session, ops, worker_addresses, workers, grace_secs):
-    """Take one (worker, value) token from each of the given workers; return {worker: value}.
-
-    ops is token_ops(queue). A worker whose server stopped answering and whose token is not in
-    the queue gets FAILED. A worker not yet seen alive is waited for up to grace_secs, or until
-    every other worker has sent its token. Every wait is bounded.
-    """
-    dequeue, size = ops
-    tokens, seen_alive, gone = {}, set(), set()
-    deadline, poll = time.time() + grace_secs, tf.compat.v1.RunOptions(timeout_in_ms=1000)
-    while set(workers) - set(tokens):
+# >>> shared: cluster
+def resolve_cluster(args):
+    """The cluster from the flags, or else from TF_CONFIG (as TFJob, Vertex AI or SageMaker give
+    it): a "chief" or "master" task becomes worker 0 and the workers follow; an "evaluator" has
+    nothing to do (the chief evaluates). Sets args.job_name and args.task_index."""
+    job, index = args.job_name, args.task_index
+    if job or args.ps_hosts or args.worker_hosts or "TF_CONFIG" not in os.environ:
+        if not args.ps_hosts or not args.worker_hosts:
+            fail("give --ps_hosts and --worker_hosts (or set TF_CONFIG)")
+        cluster = {"ps": args.ps_hosts.replace(" ", "").split(","),
+                   "worker": args.worker_hosts.replace(" ", "").split(",")}
+    else:
         try:
-            worker, value = session.run(dequeue, options=poll)
-            tokens[int(worker)] = int(value)
-            continue
-        except tf.errors.DeadlineExceededError:
-            pass
-        if session.run(size, options=tf.compat.v1.RunOptions(timeout_in_ms=60000)) > 0:
-            continue  # a token is waiting (on a busy machine): take it before judging anyone
-        pending = set(workers) - set(tokens)
-        for w in pending:
-            if is_listening(worker_addresses[w]):
-                seen_alive.add(w)
-            elif w in gone:  # silent on two checks in a row, with a dequeue between: lost
-                tokens[w] = FAILED
-            elif w in seen_alive or time.time() > deadline or pending == {w}:
-                gone.add(w)
-    return tokens
+            config = json.loads(os.environ["TF_CONFIG"])
+            spec, job, index = config["cluster"], config["task"]["type"], config["task"].get("index")
+            chief = list(spec.get("chief", [])) + list(spec.get("master", []))
+            cluster = {"ps": list(spec["ps"]), "worker": chief + list(spec.get("worker", []))}
+            job, index = ("worker", 0) if job in ("chief", "master") else (
+                job, int(index or 0) + len(chief) * (job == "worker"))
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            fail("TF_CONFIG is not valid cluster JSON (%s: %s)" % (type(e).__name__, e))
+        if job == "evaluator":
+            sys.exit(print("[evaluator] nothing to do: the chief evaluates", flush=True))
+    for name, hosts in cluster.items():
+        for host, port in (str(h).rpartition(":")[::2] for h in hosts):
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                fail("%s hosts: %r is not host:port (for example localhost:2222)"
+                     % (name, host + ":" * bool(host) + port))
+    if job not in ("ps", "worker"):
+        fail("unknown job name %r: use ps or worker" % job)
+    if not 0 <= index < len(cluster[job]):
+        fail("task index %d is out of range: the %s job has %d task(s), 0..%d"
+             % (index, job, len(cluster[job]), len(cluster[job]) - 1))
+    args.job_name, args.task_index = job, index
+    return cluster
 
 
-class WaitForOtherWorkersHook(tf.compat.v1.train.SessionRunHook):
-    """Chief only: at the end of training, wait for the other workers' local step counts.
+def run_task(args, cluster, train):
+    """Load TensorFlow, start this task's server, then serve (a ps) or train (a worker, once
+    every ps answers). A lost peer or a timeout ends the task in one line, not a traceback."""
+    global tf
+    job, index, address = args.job_name, args.task_index, cluster[args.job_name][args.task_index]
+    with socket.socket() as probe:
+        try:
+            probe.bind(("", int(address.rpartition(":")[2])))
+        except OSError:
+            fail("%s %d: port %s is already in use: is an earlier run still going?"
+                 % (job, index, address))
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before the import: no C++ info lines
+    import tensorflow as tf
+    tf.compat.v1.disable_eager_execution()
+    tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)
+    server = tf.compat.v1.train.Server(  # one thread per op leaves the cores to the others
+        tf.compat.v1.train.ClusterSpec(cluster), job_name=job, task_index=index,
+        config=tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1), start=True)
+    try:
+        if job == "ps":
+            return serve(args, cluster, server)
+        deadline = time.time() + args.connect_timeout
+        while not all(is_listening(address) for address in cluster["ps"]):
+            if time.time() > deadline:
+                fail("cannot reach the ps at %s after %.0f s: is it running? (check the hosts)"
+                     % (",".join(cluster["ps"]), args.connect_timeout))
+            time.sleep(0.2)  # back-off between connection attempts
+        return train(args, cluster, server)
+    except tf.errors.OpError as e:
+        fail("%s %d stopped: %s: %s" % (job, index, type(e).__name__, e.message.splitlines()[0]))
 
-    It runs before the checkpoint hook's end, so the last checkpoint holds the final parameters.
-    """
 
-    def __init__(self, shutdown, cluster, grace_secs):
-        self.shutdown, self.cluster, self.grace_secs = shutdown, cluster, grace_secs
-        self.local_steps = {}
-
-    def begin(self):
-        self.ops = token_ops(self.shutdown.finished)  # built now: the graph is then finalized
-
-    def end(self, session):
-        others = range(1, len(self.cluster["worker"]))
-        self.local_steps = collect_tokens(session, self.ops, self.cluster["worker"],
-                                          others, grace_secs=0)
+def is_listening(address):
+    try:
+        socket.create_connection(address.rsplit(":", 1), timeout=1).close()
+        return True
+    except OSError:
+        return False
+# <<< shared: cluster
 
 
-def serve(cluster, server, index, grace_secs):
-    """A parameter server: serve the variables until every worker has left, then return."""
-    num_workers = len(cluster["worker"])
-    ops = token_ops(done_queue(cluster, index))  # only this task's: the session sees only it
-    print("[ps%d] serving %d worker(s) at %s" % (index, num_workers, cluster["ps"][index]),
-          flush=True)
+# >>> shared: shutdown
+# TensorFlow servers never stop by themselves, so every process watches the others' ports. Each
+# ps keeps a record with an entry per worker: NOT_ARRIVED, then TRAINING once its session is up,
+# then its local step count once it left cleanly. A ps serves until every worker has come and
+# gone, and so does the chief before its final checkpoint; gone without an entry is lost.
+NOT_ARRIVED, TRAINING = -1, -2
+
+
+def departure_record(cluster, ps_index):  # made and initialised by the ps; never checkpointed
+    with tf.compat.v1.device("/job:ps/task:%d" % ps_index):
+        return tf.compat.v1.Variable(tf.fill([len(cluster["worker"])], np.int64(NOT_ARRIVED)),
+                                     collections=[], name="departures_ps%d" % ps_index)
+
+
+def wait_until_gone(read_record, addresses, deadline):
+    """Until none of addresses answers and each has arrived (or the deadline passed); then the
+    record: the local steps of each worker that left, or below 0 for a lost one."""
+    while True:
+        before = read_record()
+        if not any(is_listening(a) for a in addresses.values()) and (
+                time.time() > deadline or NOT_ARRIVED not in [before[w] for w in addresses]):
+            return read_record()  # once more: a worker may have written, then closed its port
+        time.sleep(0.25)  # the pace of the port checks
+
+
+def serve(args, cluster, server):
+    """A parameter server: serve the variables until every worker has come and gone."""
+    index, workers = args.task_index, cluster["worker"]
+    record = departure_record(cluster, index)
     config = tf.compat.v1.ConfigProto(device_filters=["/job:ps/task:%d" % index])
     with tf.compat.v1.Session(server.target, config=config) as session:
-        tokens = collect_tokens(session, ops, cluster["worker"], range(num_workers),
-                                grace_secs)
-    failed = sorted(w for w, v in tokens.items() if v == FAILED)
-    if failed:
-        fail("worker(s) %s failed or were lost; the ps shuts down" % ",".join(map(str, failed)))
-    print("[ps%d] all %d worker(s) done; shutting down" % (index, num_workers), flush=True)
+        session.run(record.initializer)
+        print("[ps%d] serving %d worker(s) at %s" % (index, len(workers), cluster["ps"][index]),
+              flush=True)
+        left = wait_until_gone(lambda: session.run(record), dict(enumerate(workers)),
+                               time.time() + args.connect_timeout)
+    lost = [w for w, steps in enumerate(left) if steps < 0]
+    if lost:
+        fail("worker(s) %s failed or were lost; the ps shuts down" % ",".join(map(str, lost)))
+    print("[ps%d] all %d worker(s) done; shutting down" % (index, len(workers)), flush=True)
     return 0
 # <<< shared: shutdown
 
 
-# ==================================================================================================
-# main: a parameter server serves until its workers are done; a worker trains
-# ==================================================================================================
-def main(argv=None):
-    parser = common_flags(__doc__.splitlines()[0])
-    cluster_flags(parser)
-    downpour_flags(parser)
-    args = parser.parse_args(argv)
-    check_common_flags(args)
-    check_downpour_flags(args)
-    cluster, job, index = resolve_cluster(args)
-    args.job_name, args.task_index = job, index
-    args.log_dir = args.log_dir or default_log_dir()
-    tf.compat.v1.disable_eager_execution()
-    tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)
-    server = start_server(cluster, job, index)
-    try:
-        if job == "ps":
-            return serve(cluster, server, index, args.connect_timeout)
-        return train(args, cluster, server)
-    except tf.errors.OpError as e:  # a lost peer or a timeout: one line, not a traceback wall
-        fail("%s %d stopped: %s: %s" % (job, index, type(e).__name__, e.message.splitlines()[0]))
+# >>> shared: training log
+class TrainingLog(object):
+    """A worker's bookkeeping around its loop: its session, progress lines, the chief's test
+    accuracy and summaries, timing, and the end of training (see end)."""
+
+    def __init__(self, args, cluster, params, data, steps_per_update=1):
+        self.args, self.cluster, self.steps_per_update = args, cluster, steps_per_update
+        self.role, self.is_chief = "worker%d" % args.task_index, args.task_index == 0
+        with tf.compat.v1.device("/job:worker/task:%d" % args.task_index):  # ops built now: the
+            self.test_accuracy = model_loss_and_accuracy(  # session finalizes the graph
+                params, scale(data.x_test, data.pixel_max), data.y_test)[1]
+        self.records = [departure_record(cluster, i) for i in range(len(cluster["ps"]))]
+        self.steps_done = tf.compat.v1.placeholder(tf.int64, [1])
+        self.depart = [r.scatter_update(tf.IndexedSlices(self.steps_done, [args.task_index]))
+                       for r in self.records]
+        self.global_step, self.staleness_sum = tf.compat.v1.train.get_or_create_global_step(), None
+        self.local_steps, self.start_step, self.history, self.started = 0, 0, [], time.time()
+        self.clock = (0, self.started, 0)  # local steps, time and global step as the clock starts
+
+    def training_session(self, server, last_step, hooks=()):
+        """The chief initialises or restores, and saves checkpoints and summaries; the others
+        wait here until it has (the stock session would look only every 30 s), then join."""
+        args = self.args
+        config = tf.compat.v1.ConfigProto(  # sees only the ps and this worker, or it waits for all
+            device_filters=["/job:ps", "/job:worker/task:%d" % args.task_index],
+            intra_op_parallelism_threads=1)
+        if self.is_chief:
+            print("[worker0] chief: log_dir=%s" % args.log_dir, flush=True)
+            if tf.train.latest_checkpoint(args.log_dir):
+                self.start_step = int(tf.train.load_variable(args.log_dir, "global_step"))
+                print("[worker0] resuming from the checkpoint at global step %d" % self.start_step)
+        else:
+            uninitialised = tf.compat.v1.report_uninitialized_variables()
+            with tf.compat.v1.Session(server.target, config=config) as session:
+                deadline = time.time() + args.connect_timeout
+                while len(session.run(uninitialised)) and time.time() < deadline:
+                    time.sleep(0.25)  # the pace of the checks
+        return tf.compat.v1.train.MonitoredTrainingSession(
+            master=server.target, is_chief=self.is_chief, checkpoint_dir=args.log_dir,
+            hooks=[tf.compat.v1.train.StopAtStepHook(last_step=last_step)] + list(hooks),
+            save_checkpoint_secs=30, save_summaries_steps=args.log_every, config=config,
+            log_step_count_steps=args.log_every, stop_grace_period_secs=5,
+            max_wait_secs=args.connect_timeout)
+
+    def updates(self, session):
+        """Yield once per update until the session stops: True when it is to log progress. The
+        clock starts after the first update, which sets the graph up on every server."""
+        run_without_hooks(session, self.depart, {self.steps_done: [TRAINING]})
+        print("[%s] training started" % self.role, flush=True)
+        while not session.should_stop():
+            done, self.local_steps = self.local_steps, self.local_steps + self.steps_per_update
+            yield done // self.args.log_every < self.local_steps // self.args.log_every
+            if done == 0:
+                self.clock = self.last_log = (self.local_steps, time.time(),
+                                              run_without_hooks(session, self.global_step))
+        self.seconds = time.time() - self.clock[1]
+
+    def progress(self, session, loss, global_step):
+        """A progress line; the chief adds the test accuracy, and writes both to TensorBoard."""
+        line = "[%s] local_step=%d global_step=%d loss=%.4f" % (
+            self.role, self.local_steps, global_step, loss)
+        if self.is_chief:
+            line += " test_accuracy=%.4f" % self.evaluate(session, global_step, loss=loss)
+        print(line + " steps_per_sec=%.1f" % ((self.local_steps - self.last_log[0]) / (
+            time.time() - self.last_log[1])), flush=True)
+        self.last_log = self.local_steps, time.time()
+
+    def evaluate(self, session, global_step, **summaries):
+        accuracy = float(run_without_hooks(session, self.test_accuracy))
+        self.history.append([round(time.time() - self.started, 3), int(global_step), accuracy])
+        tf.compat.v1.summary.FileWriterCache.get(self.args.log_dir).add_summary(
+            tf.compat.v1.Summary(value=[tf.compat.v1.Summary.Value(tag=tag, simple_value=value)
+                                        for tag, value in dict(summaries, test_accuracy=accuracy)
+                                        .items()]), global_step)
+        return accuracy
+
+    def end(self, session, minibatches_per_update=1, **extra):
+        """The last call in the session. The chief waits for the others to leave, evaluates the
+        final parameters and prints the summary (extra: values, or functions of the summary);
+        then every worker records its local steps on each ps. The final checkpoint follows."""
+        if self.is_chief:
+            left = wait_until_gone(lambda: run_without_hooks(session, self.records[0]), dict(list(
+                enumerate(self.cluster["worker"]))[1:]), self.started + self.args.connect_timeout)
+            step, seconds = run_without_hooks(session, self.global_step), self.seconds
+            minibatches = (step - self.clock[2]) * minibatches_per_update
+            summary = dict(
+                example=EXAMPLE, test_accuracy=self.evaluate(session, step), global_step=step,
+                workers=len(left), ps=len(self.records), lost_workers=int(sum(left[1:] < 0)),
+                local_steps=[self.local_steps] + [int(s) for s in left[1:]],
+                updates=step - self.start_step, batch_size=self.args.batch_size,
+                wall_seconds=time.time() - self.started, steps_per_sec=minibatches / seconds,
+                examples_per_sec=minibatches * self.args.batch_size / seconds)
+            if self.staleness_sum is not None:  # see count_staleness
+                summary["mean_staleness"] = run_without_hooks(session, self.staleness_sum) / step
+            summary.update((k, v(summary) if callable(v) else v) for k, v in extra.items())
+            print("[worker0] summary " + " ".join("%s=%s" % (k, ",".join(map(str, v)) if isinstance(
+                v, list) else "%.6g" % v if isinstance(v, float) else v)
+                for k, v in summary.items()), flush=True)
+            if self.args.metrics_file:
+                with open(self.args.metrics_file, "w") as f:
+                    json.dump(dict(summary, history=self.history), f, indent=1)
+        try:
+            run_without_hooks(session, self.depart, {self.steps_done: [self.local_steps]})
+        except tf.errors.OpError:
+            pass  # a ps is gone: it no longer needs to know
+        print("[%s] done: local_steps=%d" % (self.role, self.local_steps), flush=True)
+        return 0
+
+
+def run_without_hooks(session, fetches, feed_dict=None, repeat=1):
+    """Run fetches (repeat times) on the raw session, so that no hook adds to the traffic."""
+    def run(step_context):
+        for _ in range(repeat):
+            value = step_context.session.run(fetches, feed_dict)
+        return value
+    return session.run_step_fn(run)
+# <<< shared: training log
+
+
+# >>> shared: staleness
+def count_staleness(log, update, pulled_at=None):
+    """update (its value: the global step it made), also adding up on the ps how many updates of
+    others landed since this worker pulled: at the global step pulled_at (read in the same step),
+    or else at its previous update. It costs no traffic; the summary reports the mean."""
+    with tf.compat.v1.device("/job:worker/task:%d" % log.args.task_index):
+        last_update = tf.compat.v1.Variable(log.global_step.read_value(), trainable=False,
+                                            collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES])
+    with tf.compat.v1.device(log.global_step.device):
+        log.staleness_sum = tf.compat.v1.Variable(np.int64(0), trainable=False, name="staleness")
+        counted = log.staleness_sum.assign_add(update - 1 - (
+            last_update if pulled_at is None else pulled_at))
+    with tf.compat.v1.control_dependencies([counted]):
+        return last_update.assign(update)
+# <<< shared: staleness
 
 
 if __name__ == "__main__":

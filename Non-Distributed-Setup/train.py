@@ -7,8 +7,8 @@ What it teaches
     file plus a cluster; read the two side by side to see exactly what distribution adds.
 
 The update rule (each step)
-    g     <- grad L(theta; next mini-batch)
-    theta <- theta - learning_rate * g
+    g      <- grad L(params; next mini-batch)
+    params <- params - learning_rate * g
 
 Run it
     bash run.sh                      # or: python train.py --steps 2000
@@ -28,66 +28,17 @@ import os
 import sys
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before the import: hide TensorFlow's C++ info
 import numpy as np
-import tensorflow as tf
 
+tf = None  # TensorFlow loads once the flags are checked (main): bad input fails at once
 EXAMPLE = "Non-Distributed-Setup"
 
 
-# ==================================================================================================
-# Flags
-# ==================================================================================================
-# >>> shared: flags
-class OneLineErrorParser(argparse.ArgumentParser):
-    def error(self, message):
-        fail(message + " (see --help)")
+def example_flags(parser):
+    """This example has only the flags every example shares (see parse_flags)."""
 
 
-def fail(message):
-    """Stop with one line on stderr and exit status 2: for bad input, never for bugs."""
-    print("error: " + message, file=sys.stderr, flush=True)
-    sys.exit(2)
-
-
-def common_flags(description):
-    """The flags every example shares; an example adds its own to the parser this returns."""
-    p = OneLineErrorParser(description=description,
-                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--steps", type=int, default=2000,
-                   help="mini-batch steps to train, summed over all workers")
-    p.add_argument("--batch_size", type=int, default=64, help="examples per mini-batch")
-    p.add_argument("--learning_rate", type=float, default=0.1,
-                   help="learning rate of the workers' optimizer")
-    p.add_argument("--hidden", type=int, default=128, help="width of the MLP's hidden layer")
-    p.add_argument("--dataset", default="digits", help="digits (bundled, offline) or mnist")
-    p.add_argument("--data_path", default="", help="a local mnist.npz (else mnist downloads)")
-    p.add_argument("--log_dir", default="",
-                   help="checkpoints and TensorBoard summaries; an existing one resumes "
-                        "(default: a new logs/<time> folder beside train.py)")
-    p.add_argument("--seed", type=int, default=0, help="seed of initial weights and shuffling")
-    p.add_argument("--metrics_file", default="", help="also write the summary here, as JSON")
-    p.add_argument("--log_every", type=int, default=100, help="progress every N local steps")
-    p.add_argument("--eval_every", type=int, default=200,
-                   help="test accuracy every N local steps of the chief (0: at the end only)")
-    return p
-
-
-def check_common_flags(args):
-    """Reject bad values before any server starts, so every task fails alike and at once."""
-    for name in ("steps", "batch_size", "learning_rate", "hidden", "log_every"):
-        if getattr(args, name) <= 0:
-            fail("--%s must be positive, got %s" % (name, getattr(args, name)))
-    if args.eval_every < 0:
-        fail("--eval_every must be 0 (only at the end) or positive, got %d" % args.eval_every)
-    if args.dataset not in ("digits", "mnist"):
-        fail("unknown dataset %r: use digits or mnist" % args.dataset)
-# <<< shared: flags
-
-
-# ==================================================================================================
-# Data (replace with your own)
-# ==================================================================================================
+# --- Data (replace with your own) -----------------------------------------------------------------
 # >>> shared: data
 Dataset = collections.namedtuple("Dataset", "x_train y_train x_test y_test pixel_max")
 
@@ -96,8 +47,8 @@ def load_dataset(name, data_path=""):
     """Handwritten digits as integer pixels and labels, with a fixed train/test split.
 
     digits: scikit-learn's bundled 8x8 images (1797), offline; a fixed 20% is the test set.
-    mnist:  28x28 images (70000) from a local .npz (keys x_train, y_train, x_test, y_test),
-            or downloaded once by tf.keras.datasets into ~/.keras/datasets.
+    mnist:  28x28 images (70000) from a local .npz (x_train, y_train, x_test, y_test), or
+            downloaded once by tf.keras.datasets into ~/.keras/datasets.
     """
     if name == "digits":
         from sklearn.datasets import load_digits
@@ -107,21 +58,19 @@ def load_dataset(name, data_path=""):
             digits.data.astype(np.uint8), digits.target.astype(np.int64),
             test_size=0.2, random_state=0, stratify=digits.target)
         return Dataset(x_train, y_train, x_test, y_test, pixel_max=16)
-    if name == "mnist":
-        try:
-            if data_path:
-                with np.load(data_path) as f:
-                    x_train, y_train, x_test, y_test = (
-                        f["x_train"], f["y_train"], f["x_test"], f["y_test"])
-            else:
-                (x_train, y_train), (x_test, y_test) = tf.keras.datasets.mnist.load_data()
-        except Exception as e:  # a missing file or no network: say which, in one line
-            fail("could not load MNIST (%s: %s); pass --data_path to a local mnist.npz"
-                 % (type(e).__name__, str(e).splitlines()[0] if str(e) else ""))
-        flat = lambda x: x.reshape(len(x), -1).astype(np.uint8)
-        return Dataset(flat(x_train), y_train.astype(np.int64), flat(x_test),
-                       y_test.astype(np.int64), pixel_max=255)
-    fail("unknown dataset %r: use digits or mnist" % name)
+    try:
+        if data_path:
+            with np.load(data_path) as f:
+                (x_train, y_train), (x_test, y_test) = ((f["x_train"], f["y_train"]),
+                                                        (f["x_test"], f["y_test"]))
+        else:
+            (x_train, y_train), (x_test, y_test) = tf.keras.datasets.mnist.load_data()
+    except Exception as e:  # a missing file or no network: say which, in one line
+        fail("could not load MNIST (%s: %s); pass --data_path to a local mnist.npz"
+             % (type(e).__name__, str(e).splitlines()[0] if str(e) else ""))
+    flat = lambda x: x.reshape(len(x), -1).astype(np.uint8)
+    return Dataset(flat(x_train), y_train.astype(np.int64), flat(x_test), y_test.astype(np.int64),
+                   pixel_max=255)
 
 
 def scale(pixels, pixel_max):
@@ -144,9 +93,7 @@ def training_batches(data, batch_size, worker_index, num_workers, seed):
 # <<< shared: data
 
 
-# ==================================================================================================
-# Model (replace with your own)
-# ==================================================================================================
+# --- Model (replace with your own) ----------------------------------------------------------------
 # >>> shared: model
 def model_params(num_features, hidden, seed, num_classes=10):
     """The MLP's variables, created under the current device scope (the ps, in the examples)."""
@@ -169,126 +116,129 @@ def model_loss_and_accuracy(params, x, y):
 # <<< shared: model
 
 
-# ==================================================================================================
-# The algorithm
-# ==================================================================================================
-def build_training_graph(args, data):
+# --- The algorithm --------------------------------------------------------------------------------
+SGD = collections.namedtuple("SGD", "params global_step loss train_op")
+
+
+def build_sgd(args, x, y):
     """Plain SGD: the variables live in this process and every step updates them."""
     global_step = tf.compat.v1.train.get_or_create_global_step()
-    params = model_params(data.x_train.shape[1], args.hidden, args.seed)
-    x, y = training_batches(data, args.batch_size, 0, 1, args.seed)
-    loss, accuracy = model_loss_and_accuracy(params, x, y)
+    params = model_params(int(x.shape[1]), args.hidden, args.seed)
+    loss = model_loss_and_accuracy(params, x, y)[0]
     train_op = tf.compat.v1.train.GradientDescentOptimizer(args.learning_rate).minimize(
         loss, global_step=global_step)
-    test_accuracy = model_loss_and_accuracy(
-        params, scale(data.x_test, data.pixel_max), data.y_test)[1]
-    tf.compat.v1.summary.scalar("loss", loss)
-    tf.compat.v1.summary.scalar("train_accuracy", accuracy)
-    return global_step, train_op, loss, test_accuracy
+    return SGD(params, global_step, loss, train_op)
 
 
-# ==================================================================================================
-# Training loop
-# ==================================================================================================
+# --- The training loop ----------------------------------------------------------------------------
 def train(args):
-    role = "local"
     data = load_dataset(args.dataset, args.data_path)
-    global_step, train_op, loss, test_accuracy = build_training_graph(args, data)
-    summaries = tf.compat.v1.summary.merge_all()
-    saver = tf.compat.v1.train.Saver()
-
-    start_step, history = 0, []
-    print("[%s] log_dir=%s" % (role, args.log_dir), flush=True)
+    sgd = build_sgd(args, *training_batches(data, args.batch_size, 0, 1, args.seed))
+    test_accuracy = model_loss_and_accuracy(sgd.params, scale(data.x_test, data.pixel_max),
+                                            data.y_test)[1]
+    saver, history, started = tf.compat.v1.train.Saver(), [], time.time()
     writer = tf.compat.v1.summary.FileWriter(args.log_dir, tf.compat.v1.get_default_graph())
 
-    def record_test_accuracy(session, step, elapsed):
-        accuracy = session.run(test_accuracy)
-        history.append([round(elapsed, 3), int(step), float(accuracy)])
+    def evaluate(session, step, **summaries):  # the test accuracy, also to TensorBoard
+        accuracy = float(session.run(test_accuracy))
+        history.append([round(time.time() - started, 3), int(step), accuracy])
         writer.add_summary(tf.compat.v1.Summary(value=[tf.compat.v1.Summary.Value(
-            tag="test_accuracy", simple_value=accuracy)]), step)
-        return float(accuracy)
+            tag=tag, simple_value=value) for tag, value in dict(
+                summaries, test_accuracy=accuracy).items()]), step)
+        return accuracy
 
-    local_step, started = 0, time.time()
-    with tf.compat.v1.Session() as sess:
-        checkpoint = tf.train.latest_checkpoint(args.log_dir)
-        if checkpoint:
-            saver.restore(sess, checkpoint)
-            start_step = int(sess.run(global_step))
-            print("[%s] resuming from the checkpoint at global step %d" % (role, start_step))
+    print("[local] log_dir=%s" % args.log_dir, flush=True)
+    with tf.compat.v1.Session() as session:
+        if tf.train.latest_checkpoint(args.log_dir):
+            saver.restore(session, tf.train.latest_checkpoint(args.log_dir))
+            print("[local] resuming from the checkpoint at global step %d"
+                  % session.run(sgd.global_step), flush=True)
         else:
-            sess.run(tf.compat.v1.global_variables_initializer())
-        print("[%s] training started" % role, flush=True)
-        sess.run(train_op)  # the first step also sets the graph up: untimed, as in the others
-        local_step = 1
-        train_started = last_time = time.time()
-        while start_step + local_step < args.steps:
-            local_step += 1
-            step = start_step + local_step
-            log_now = local_step % args.log_every == 0
-            eval_now = args.eval_every and local_step % args.eval_every == 0
-            if not (log_now or eval_now):
-                sess.run(train_op)
+            session.run(tf.compat.v1.global_variables_initializer())
+        start_step = local_step = int(session.run(sgd.global_step))
+        print("[local] training started", flush=True)
+        session.run(sgd.train_op)  # the first step also sets the graph up: untimed, as elsewhere
+        clock = last_log = time.time()
+        for local_step in range(start_step + 2, args.steps + 1):
+            if local_step % args.log_every:
+                session.run(sgd.train_op)
                 continue
-            _, loss_value = sess.run([train_op, loss])
-            if log_now:
-                now = time.time()
-                progress(role, local_step, step, loss_value, args.log_every / (now - last_time))
-                last_time = now
-                writer.add_summary(sess.run(summaries), step)
-            if eval_now:
-                record_test_accuracy(sess, step, time.time() - started)
-        train_seconds = time.time() - train_started
-        step = start_step + local_step
-        saver.save(sess, os.path.join(args.log_dir, "model.ckpt"), global_step=step)
-        final_step = int(sess.run(global_step))
-        final_accuracy = record_test_accuracy(sess, final_step, time.time() - started)
+            _, loss = session.run([sgd.train_op, sgd.loss])
+            print("[local] local_step=%d global_step=%d loss=%.4f test_accuracy=%.4f "
+                  "steps_per_sec=%.1f" % (local_step, local_step, loss, evaluate(
+                      session, local_step, loss=loss), args.log_every / (time.time() - last_log)),
+                  flush=True)
+            last_log = time.time()
+        seconds, steps = time.time() - clock, max(local_step - start_step - 1, 0)
+        saver.save(session, os.path.join(args.log_dir, "model.ckpt"), global_step=local_step)
+        summary = collections.OrderedDict([
+            ("example", EXAMPLE), ("test_accuracy", evaluate(session, local_step)),
+            ("global_step", local_step), ("workers", 1), ("ps", 0), ("lost_workers", 0),
+            ("local_steps", [local_step - start_step]), ("updates", local_step - start_step),
+            ("batch_size", args.batch_size), ("wall_seconds", time.time() - started),
+            ("steps_per_sec", steps / seconds),
+            ("examples_per_sec", steps * args.batch_size / seconds), ("log_dir", args.log_dir)])
     writer.close()
-    steps_done = final_step - start_step - 1  # the timed steps: all but the first
-    report(role, args.metrics_file, collections.OrderedDict([
-        ("example", EXAMPLE), ("test_accuracy", final_accuracy), ("global_step", final_step),
-        ("workers", 1), ("ps", 0), ("local_steps", [local_step]), ("lost_workers", 0),
-        ("wall_seconds", time.time() - started),
-        ("steps_per_sec", steps_done / max(train_seconds, 1e-9)),
-        ("examples_per_sec", steps_done * args.batch_size / max(train_seconds, 1e-9)),
-        ("batch_size", args.batch_size), ("log_dir", args.log_dir), ("history", history)]))
+    print("[local] summary " + " ".join("%s=%s" % (k, ",".join(map(str, v)) if isinstance(
+        v, list) else "%.6g" % v if isinstance(v, float) else v) for k, v in summary.items()))
+    if args.metrics_file:
+        with open(args.metrics_file, "w") as f:
+            json.dump(dict(summary, history=history), f, indent=1)
     return 0
 
 
-# >>> shared: reporting
-def default_log_dir():
-    stamp = time.strftime("%Y%m%d-%H%M%S") + "-%d" % os.getpid()
-    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "logs", stamp)
-
-
-def progress(role, local_step, global_step, loss, steps_per_sec):
-    print("[%s] local_step=%d global_step=%d loss=%.4f steps_per_sec=%.1f"
-          % (role, local_step, global_step, loss, steps_per_sec), flush=True)
-
-
-def report(role, metrics_file, metrics):
-    """The one summary line, in stable key=value pairs, and the same as JSON if asked."""
-    def text(value):
-        if isinstance(value, float):
-            return "%.6g" % value
-        return ",".join(map(str, value)) if isinstance(value, list) else str(value)
-    print("[%s] summary %s" % (role, " ".join(
-        "%s=%s" % (k, text(v)) for k, v in metrics.items() if k != "history")), flush=True)
-    if metrics_file:
-        with open(metrics_file, "w") as f:
-            json.dump(metrics, f, indent=1)
-# <<< shared: reporting
-
-
-# ==================================================================================================
-# main
-# ==================================================================================================
 def main(argv=None):
-    args = common_flags(__doc__.splitlines()[0]).parse_args(argv)
-    check_common_flags(args)
-    args.log_dir = args.log_dir or default_log_dir()
+    global tf
+    args = parse_flags(argv, example_flags, distributed=False)  # bad input fails here, at once
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before the import: no C++ info lines
+    import tensorflow as tf
     tf.compat.v1.disable_eager_execution()
-    tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)
     return train(args)
+
+
+# ==================================================================================================
+# Plumbing shared by every example (identical text; you need not read below)
+# ==================================================================================================
+# >>> shared: flags
+def fail(message):
+    """One line on stderr and exit status 2: for bad input and lost peers, never for bugs."""
+    print("error: " + message, file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
+def parse_flags(argv, example_flags, distributed=True):
+    """The flags every example shares, then the example's own; bad values fail here."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.error = lambda message: fail(message + " (see --help)")
+    for flag, kind, default, text in [
+            ("steps", int, 2000, "mini-batches to train, summed over the workers"),
+            ("batch_size", int, 64, "examples per mini-batch"),
+            ("learning_rate", float, 0.1, "the workers' learning rate"),
+            ("hidden", int, 128, "width of the MLP's hidden layer"),
+            ("data_path", str, "", "a local mnist.npz for --dataset mnist (else it downloads)"),
+            ("log_dir", str, "", "checkpoints and summaries; an existing one resumes (default: a "
+             "new logs/<time> beside train.py)"),
+            ("seed", int, 0, "seed of the initial weights and the shuffling"),
+            ("metrics_file", str, "", "also write the summary here, as JSON"),
+            ("log_every", int, 100, "progress (the chief: test accuracy) every N local steps"),
+    ] + [("job_name", str, "", "ps or worker (or set TF_CONFIG)"),
+         ("task_index", int, 0, "this task's index in its job"),
+         ("ps_hosts", str, "", "comma-separated host:port of the ps tasks"),
+         ("worker_hosts", str, "", "comma-separated host:port of the workers"),
+         ("connect_timeout", float, 60, "seconds to wait for the other tasks")] * distributed:
+        p.add_argument("--" + flag, type=kind, default=default, help=text)
+    p.add_argument("--dataset", default="digits", choices=("digits", "mnist"), help="data set")
+    example_flags(p)
+    args = p.parse_args(argv)
+    for flag, value in vars(args).items():  # no number is negative, nor 0 if its default is not
+        if type(value) in (int, float) and (value < 0 or value == 0 < p.get_default(flag)):
+            fail("--%s must be %s, got %s" % (
+                flag, "positive" if p.get_default(flag) else "0 or more", value))
+    args.log_dir = args.log_dir or os.path.join(os.path.dirname(os.path.abspath(__file__)), "logs",
+                                                time.strftime("%Y%m%d-%H%M%S-") + str(os.getpid()))
+    return args
+# <<< shared: flags
 
 
 if __name__ == "__main__":

@@ -2,27 +2,26 @@
 
 What it teaches
     Every step, each worker computes a gradient on its own mini-batch at the same parameters;
-    the ps averages the first N gradients of that step (N = workers - backup workers), applies
-    the average once, and only then lets the workers start the next step. The gradients that
-    arrive late for a step are stale: they were computed at old parameters and are dropped. With
-    backup workers (b >= 1) a slow or dead worker no longer sets the pace.
+    the ps averages the first N gradients of that step (N = replicas_to_aggregate = workers -
+    backup workers), applies the average once, and only then lets the workers start the next
+    step. Gradients that arrive late for a step are stale (computed at old parameters) and are
+    dropped. With backup workers (b >= 1) a slow or dead worker no longer sets the pace.
 
-The update rule (step t, N = replicas to aggregate, b = backup workers, n = N + b workers)
-    each worker k:  g_k <- grad L(theta_t; next mini-batch of k); send (g_k, t); wait for t + 1
-    the ps:         theta_{t+1} <- theta_t - lr_eff * (1/N) * sum of the first N g_k sent for t
-                    (late ones, sent for an older t, are dropped); global_step <- t + 1
-    The average of N gradients of B examples is the gradient of one batch of N*B examples: the
-    effective batch. It is N times bigger, so there are N times fewer updates for the same
-    examples; the rate grows with it, lr_eff = N * --learning_rate (the linear scaling rule).
+The update rule (step t; N = replicas_to_aggregate, b = backup workers, N + b workers)
+    each worker k:  g_k <- grad L(global_params_t; next mini-batch of k); send (g_k, t); wait
+    the ps:         global_params_{t+1} <- global_params_t - lr_eff * (1/N) * sum of the first
+                    N g_k sent for step t (late ones are dropped); global_step <- t + 1
+    The mean of N gradients of B examples is the gradient of one batch of N*B examples: N times
+    fewer updates for the same examples, so the rate grows with it: lr_eff = N * learning_rate
+    (the linear scaling rule).
 
 Run it
-    bash run.sh                                       # 1 ps + 2 workers, N = 2
+    bash run.sh                                       # 1 ps + 2 workers: N = 2
     NUM_WORKERS=3 bash run.sh --backup_workers 1      # N = 2 of 3: tolerates one straggler
     NUM_WORKERS=3 bash run.sh --backup_workers 1 --straggler_delay 0.1
-    By hand on several machines: the same flags as ../Distributed-Setup (or TF_CONFIG).
+    By hand or with TF_CONFIG: as in ../Distributed-Setup.
 
-Use your own model
-    Edit the two sections marked "(replace with your own)": Data and Model.
+Use your own model: edit the sections marked "(replace with your own)", Data and Model.
 
 References
     J. Chen, X. Pan, R. Monga, S. Bengio, R. Jozefowicz, "Revisiting Distributed Synchronous
@@ -39,214 +38,22 @@ import sys
 import threading
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before the import: hide TensorFlow's C++ info
 import numpy as np
-import tensorflow as tf
 
+tf = None  # TensorFlow loads once the flags are checked (run_task): bad input fails at once
 EXAMPLE = "Sync-SGD"
 
 
-# ==================================================================================================
-# Flags and cluster
-# ==================================================================================================
-# >>> shared: flags
-class OneLineErrorParser(argparse.ArgumentParser):
-    def error(self, message):
-        fail(message + " (see --help)")
+def example_flags(parser):
+    parser.add_argument("--backup_workers", type=int, default=0,
+                        help="b: each step uses the first (workers - b) gradients")
+    parser.add_argument("--straggler_delay", type=float, default=0,
+                        help="seconds the last worker sleeps before each step (a straggler)")
+    parser.add_argument("--step_timeout", type=float, default=30,
+                        help="seconds a step may wait for the other workers before failing")
 
 
-def fail(message):
-    """Stop with one line on stderr and exit status 2: for bad input, never for bugs."""
-    print("error: " + message, file=sys.stderr, flush=True)
-    sys.exit(2)
-
-
-def common_flags(description):
-    """The flags every example shares; an example adds its own to the parser this returns."""
-    p = OneLineErrorParser(description=description,
-                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--steps", type=int, default=2000,
-                   help="mini-batch steps to train, summed over all workers")
-    p.add_argument("--batch_size", type=int, default=64, help="examples per mini-batch")
-    p.add_argument("--learning_rate", type=float, default=0.1,
-                   help="learning rate of the workers' optimizer")
-    p.add_argument("--hidden", type=int, default=128, help="width of the MLP's hidden layer")
-    p.add_argument("--dataset", default="digits", help="digits (bundled, offline) or mnist")
-    p.add_argument("--data_path", default="", help="a local mnist.npz (else mnist downloads)")
-    p.add_argument("--log_dir", default="",
-                   help="checkpoints and TensorBoard summaries; an existing one resumes "
-                        "(default: a new logs/<time> folder beside train.py)")
-    p.add_argument("--seed", type=int, default=0, help="seed of initial weights and shuffling")
-    p.add_argument("--metrics_file", default="", help="also write the summary here, as JSON")
-    p.add_argument("--log_every", type=int, default=100, help="progress every N local steps")
-    p.add_argument("--eval_every", type=int, default=200,
-                   help="test accuracy every N local steps of the chief (0: at the end only)")
-    return p
-
-
-def check_common_flags(args):
-    """Reject bad values before any server starts, so every task fails alike and at once."""
-    for name in ("steps", "batch_size", "learning_rate", "hidden", "log_every"):
-        if getattr(args, name) <= 0:
-            fail("--%s must be positive, got %s" % (name, getattr(args, name)))
-    if args.eval_every < 0:
-        fail("--eval_every must be 0 (only at the end) or positive, got %d" % args.eval_every)
-    if args.dataset not in ("digits", "mnist"):
-        fail("unknown dataset %r: use digits or mnist" % args.dataset)
-# <<< shared: flags
-
-
-# >>> shared: cluster
-def cluster_flags(parser):
-    parser.add_argument("--job_name", default="", help="ps or worker (or set TF_CONFIG)")
-    parser.add_argument("--task_index", type=int, default=0, help="this task's index in its job")
-    parser.add_argument("--ps_hosts", default="", help="comma-separated host:port of ps tasks")
-    parser.add_argument("--worker_hosts", default="", help="comma-separated host:port of workers")
-    parser.add_argument("--connect_timeout", type=float, default=60,
-                        help="seconds to wait for the other tasks of the cluster")
-
-
-def parse_hosts(flag, text):
-    hosts = [h.strip() for h in text.split(",")]
-    for h in hosts:
-        host, _, port = h.rpartition(":")
-        if not host or not port.isdigit() or not 0 < int(port) < 65536:
-            fail("%s: %r is not host:port (for example localhost:2222)" % (flag, h))
-    return hosts
-
-
-def resolve_cluster(args):
-    """Return (cluster, job name, task index) from the flags or else from TF_CONFIG.
-
-    TF_CONFIG is the JSON that Kubernetes operators (Kubeflow's TFJob) give every task:
-    {"cluster": {"ps": [...], "worker": [...]}, "task": {"type": "worker", "index": 0}}.
-    A "chief" task, if there is one, becomes worker 0 and the workers follow it.
-    """
-    if args.job_name or args.ps_hosts or args.worker_hosts or "TF_CONFIG" not in os.environ:
-        if not args.ps_hosts or not args.worker_hosts:
-            fail("give --ps_hosts and --worker_hosts (or set TF_CONFIG)")
-        cluster = {"ps": parse_hosts("--ps_hosts", args.ps_hosts),
-                   "worker": parse_hosts("--worker_hosts", args.worker_hosts)}
-        job, index = args.job_name, args.task_index
-    else:
-        try:
-            config = json.loads(os.environ["TF_CONFIG"])
-            spec, task = config["cluster"], config["task"]
-            job, index = task["type"], int(task.get("index", 0))
-            chief = list(spec.get("chief", []))
-            cluster = {"ps": list(spec["ps"]), "worker": chief + list(spec.get("worker", []))}
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
-            fail("TF_CONFIG is not valid cluster JSON (%s: %s)" % (type(e).__name__, e))
-        if job == "chief":
-            job, index = "worker", 0
-        elif job == "worker":
-            index += len(chief)
-        for name in ("ps", "worker"):
-            parse_hosts("TF_CONFIG cluster." + name, ",".join(cluster[name]))
-    if job not in ("ps", "worker"):
-        fail("unknown job name %r: use ps or worker" % job)
-    if not 0 <= index < len(cluster[job]):
-        fail("task index %d is out of range: the %s job has %d task(s), 0..%d"
-             % (index, job, len(cluster[job]), len(cluster[job]) - 1))
-    return cluster, job, index
-
-
-def start_server(cluster, job, index):
-    """Start this task's gRPC server; one clear line if its port is taken."""
-    port = int(cluster[job][index].rpartition(":")[2])
-    probe = socket.socket()
-    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        probe.bind(("", port))
-    except OSError:
-        fail("port %d (%s %d) is already in use: is an earlier run still going?" % (port, job, index))
-    finally:
-        probe.close()
-    # one thread per op is plenty for this model and leaves the cores to the other processes
-    config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1, inter_op_parallelism_threads=2)
-    try:
-        return tf.compat.v1.train.Server(tf.compat.v1.train.ClusterSpec(cluster), job_name=job,
-                                         task_index=index, config=config, start=True)
-    except tf.errors.UnknownError:
-        fail("could not start a server on port %d (%s %d): is it in use?" % (port, job, index))
-
-
-def is_listening(address):
-    host, _, port = address.rpartition(":")
-    try:
-        socket.create_connection((host, int(port)), timeout=1).close()
-        return True
-    except OSError:
-        return False
-
-
-def wait_until_listening(addresses, what, timeout):
-    """Wait for servers to accept connections, or fail with a line naming the missing one."""
-    deadline = time.time() + timeout
-    for i, address in enumerate(addresses):
-        while not is_listening(address):
-            if time.time() > deadline:
-                fail("cannot reach %s %d at %s after %.0f s: is it running? (check the host list)"
-                     % (what, i, address, timeout))
-            time.sleep(0.2)  # back-off between connection attempts
-# <<< shared: cluster
-
-
-# >>> shared: sessions
-def session_config(task_index):
-    """The config of every worker session: it sees only the ps tasks and this worker.
-
-    Without the filter a worker's session waits for every task in the cluster, including
-    workers that have already finished and left.
-    """
-    return tf.compat.v1.ConfigProto(
-        device_filters=["/job:ps", "/job:worker/task:%d" % task_index],
-        intra_op_parallelism_threads=1, inter_op_parallelism_threads=2)
-
-
-class FastWorkerSessionCreator(tf.compat.v1.train.SessionCreator):
-    """What MonitoredTrainingSession does on non-chief workers, but polling every 0.25 s.
-
-    The stock creator checks whether the chief has initialised the model only every 30 s, so
-    in a short run the other workers would join long after the chief started training.
-    """
-
-    def __init__(self, master, config, max_wait_secs):
-        self.master, self.config, self.max_wait_secs = master, config, max_wait_secs
-        self.scaffold = tf.compat.v1.train.Scaffold()
-
-    def create_session(self):
-        self.scaffold.finalize()
-        manager = tf.compat.v1.train.SessionManager(
-            local_init_op=self.scaffold.local_init_op, ready_op=self.scaffold.ready_op,
-            ready_for_local_init_op=self.scaffold.ready_for_local_init_op,
-            graph=tf.compat.v1.get_default_graph(), recovery_wait_secs=0.25)
-        try:
-            return manager.wait_for_session(self.master, config=self.config,
-                                            max_wait_secs=self.max_wait_secs)
-        except tf.errors.DeadlineExceededError:
-            fail("the chief (worker 0) did not initialise the model within %.0f s"
-                 % self.max_wait_secs)
-
-
-def training_session(args, server, is_chief, hooks, chief_only_hooks=()):
-    """A MonitoredSession; on the chief it also initialises or restores, saves and summarises."""
-    config = session_config(args.task_index)
-    if is_chief:
-        return tf.compat.v1.train.MonitoredTrainingSession(
-            master=server.target, is_chief=True, checkpoint_dir=args.log_dir, hooks=hooks,
-            chief_only_hooks=list(chief_only_hooks), save_checkpoint_secs=30,
-            save_summaries_steps=args.log_every, log_step_count_steps=args.log_every,
-            config=config, stop_grace_period_secs=5)
-    creator = FastWorkerSessionCreator(server.target, config, args.connect_timeout)
-    return tf.compat.v1.train.MonitoredSession(session_creator=creator, hooks=hooks,
-                                               stop_grace_period_secs=5)
-# <<< shared: sessions
-
-
-# ==================================================================================================
-# Data (replace with your own)
-# ==================================================================================================
+# --- Data (replace with your own) -----------------------------------------------------------------
 # >>> shared: data
 Dataset = collections.namedtuple("Dataset", "x_train y_train x_test y_test pixel_max")
 
@@ -255,8 +62,8 @@ def load_dataset(name, data_path=""):
     """Handwritten digits as integer pixels and labels, with a fixed train/test split.
 
     digits: scikit-learn's bundled 8x8 images (1797), offline; a fixed 20% is the test set.
-    mnist:  28x28 images (70000) from a local .npz (keys x_train, y_train, x_test, y_test),
-            or downloaded once by tf.keras.datasets into ~/.keras/datasets.
+    mnist:  28x28 images (70000) from a local .npz (x_train, y_train, x_test, y_test), or
+            downloaded once by tf.keras.datasets into ~/.keras/datasets.
     """
     if name == "digits":
         from sklearn.datasets import load_digits
@@ -266,21 +73,19 @@ def load_dataset(name, data_path=""):
             digits.data.astype(np.uint8), digits.target.astype(np.int64),
             test_size=0.2, random_state=0, stratify=digits.target)
         return Dataset(x_train, y_train, x_test, y_test, pixel_max=16)
-    if name == "mnist":
-        try:
-            if data_path:
-                with np.load(data_path) as f:
-                    x_train, y_train, x_test, y_test = (
-                        f["x_train"], f["y_train"], f["x_test"], f["y_test"])
-            else:
-                (x_train, y_train), (x_test, y_test) = tf.keras.datasets.mnist.load_data()
-        except Exception as e:  # a missing file or no network: say which, in one line
-            fail("could not load MNIST (%s: %s); pass --data_path to a local mnist.npz"
-                 % (type(e).__name__, str(e).splitlines()[0] if str(e) else ""))
-        flat = lambda x: x.reshape(len(x), -1).astype(np.uint8)
-        return Dataset(flat(x_train), y_train.astype(np.int64), flat(x_test),
-                       y_test.astype(np.int64), pixel_max=255)
-    fail("unknown dataset %r: use digits or mnist" % name)
+    try:
+        if data_path:
+            with np.load(data_path) as f:
+                (x_train, y_train), (x_test, y_test) = ((f["x_train"], f["y_train"]),
+                                                        (f["x_test"], f["y_test"]))
+        else:
+            (x_train, y_train), (x_test, y_test) = tf.keras.datasets.mnist.load_data()
+    except Exception as e:  # a missing file or no network: say which, in one line
+        fail("could not load MNIST (%s: %s); pass --data_path to a local mnist.npz"
+             % (type(e).__name__, str(e).splitlines()[0] if str(e) else ""))
+    flat = lambda x: x.reshape(len(x), -1).astype(np.uint8)
+    return Dataset(flat(x_train), y_train.astype(np.int64), flat(x_test), y_test.astype(np.int64),
+                   pixel_max=255)
 
 
 def scale(pixels, pixel_max):
@@ -303,9 +108,7 @@ def training_batches(data, batch_size, worker_index, num_workers, seed):
 # <<< shared: data
 
 
-# ==================================================================================================
-# Model (replace with your own)
-# ==================================================================================================
+# --- Model (replace with your own) ----------------------------------------------------------------
 # >>> shared: model
 def model_params(num_features, hidden, seed, num_classes=10):
     """The MLP's variables, created under the current device scope (the ps, in the examples)."""
@@ -328,47 +131,366 @@ def model_loss_and_accuracy(params, x, y):
 # <<< shared: model
 
 
-# ==================================================================================================
-# The algorithm
-# ==================================================================================================
-def replicas_to_aggregate(args, num_workers):
-    """N: how many gradients make one step; the other b workers are backups."""
-    if not 0 <= args.backup_workers < num_workers:
-        fail("--backup_workers %d needs at least %d workers (have %d)"
-             % (args.backup_workers, args.backup_workers + 1, num_workers))
-    return num_workers - args.backup_workers
+# --- The algorithm --------------------------------------------------------------------------------
+SyncSGD = collections.namedtuple("SyncSGD", "global_params global_step loss train_op "
+                                 "replicas_to_aggregate hook release_workers")
 
 
-def build_training_graph(args, cluster, data):
+def build_sync_sgd(args, cluster, x, y):
     """Synchronous SGD: gradients meet in accumulators on the ps; one averaged update a step."""
-    num_workers = len(cluster["worker"])
-    quorum = replicas_to_aggregate(args, num_workers)
+    workers = len(cluster["worker"])
+    replicas_to_aggregate = workers - args.backup_workers
     with tf.compat.v1.device(tf.compat.v1.train.replica_device_setter(
             cluster=tf.compat.v1.train.ClusterSpec(cluster),
             worker_device="/job:worker/task:%d" % args.task_index)):
         global_step = tf.compat.v1.train.get_or_create_global_step()
-        params = model_params(data.x_train.shape[1], args.hidden, args.seed)
-        x, y = training_batches(data, args.batch_size, args.task_index, num_workers, args.seed)
-        loss, accuracy = model_loss_and_accuracy(params, x, y)
+        global_params = model_params(int(x.shape[1]), args.hidden, args.seed)
+        loss = model_loss_and_accuracy(global_params, x, y)[0]
         sync = tf.compat.v1.train.SyncReplicasOptimizer(
-            tf.compat.v1.train.GradientDescentOptimizer(args.learning_rate * quorum),
-            replicas_to_aggregate=quorum, total_num_replicas=num_workers)
+            tf.compat.v1.train.GradientDescentOptimizer(args.learning_rate * replicas_to_aggregate),
+            replicas_to_aggregate=replicas_to_aggregate, total_num_replicas=workers)
         train_op = sync.minimize(loss, global_step=global_step)
-        test_accuracy = model_loss_and_accuracy(
-            params, scale(data.x_test, data.pixel_max), data.y_test)[1]
-        # At the end, a worker may wait for a step that will never be aggregated; the chief
-        # hands every worker one more token so that it wakes up, sees the last step, and stops.
-        release_waiting_workers = sync.get_init_tokens_op(num_workers) if args.task_index == 0 \
-            else None
-    # num_tokens=0: no worker may start before the first step is aggregated, so the chief
-    # cannot race ahead alone while the others are still starting (the default gives it N).
-    sync_hook = sync.make_session_run_hook(is_chief=args.task_index == 0, num_tokens=0)
-    tf.compat.v1.summary.scalar("loss", loss)
-    tf.compat.v1.summary.scalar("train_accuracy", accuracy)
-    return global_step, train_op, loss, test_accuracy, sync_hook, release_waiting_workers
+        # At the end a worker may wait for a step that will never be aggregated: the chief hands
+        # every worker one more token, so that it wakes up, sees the last step, and stops.
+        release_workers = sync.get_init_tokens_op(workers) if args.task_index == 0 else None
+    # num_tokens=0: no worker may start before the first step is aggregated, so the chief cannot
+    # race ahead alone while the others are still starting (the default gives it N tokens).
+    hook = sync.make_session_run_hook(is_chief=args.task_index == 0, num_tokens=0)
+    return SyncSGD(global_params, global_step, loss, train_op, replicas_to_aggregate, hook,
+                   release_workers)
 
 
-def expect_the_aggregation_thread_to_be_cancelled_at_close():
+# --- The training loop ----------------------------------------------------------------------------
+def train(args, cluster, server):
+    data = load_dataset(args.dataset, args.data_path)
+    x, y = training_batches(data, args.batch_size, args.task_index, len(cluster["worker"]),
+                            args.seed)  # no device given: the pipeline runs on this worker
+    sync = build_sync_sgd(args, cluster, x, y)
+    n = sync.replicas_to_aggregate
+    log = TrainingLog(args, cluster, sync.global_params, data)
+    straggling = args.task_index == len(cluster["worker"]) - 1 and args.straggler_delay > 0
+    step_limit = tf.compat.v1.RunOptions(timeout_in_ms=int(args.step_timeout * 1000))
+    quiet_the_aggregation_thread_at_close()
+    # --steps counts the mini-batches used: N a step
+    with log.training_session(server, last_step=-(-args.steps // n), hooks=[sync.hook]) as session:
+        for log_now in log.updates(session):
+            if straggling:
+                time.sleep(args.straggler_delay)  # simulates a slow machine, nothing more
+            try:  # a step waits for the others; bound the wait, so a lost quorum is an error
+                _, loss, step = session.run([sync.train_op, sync.loss, sync.global_step],
+                                            options=step_limit)
+            except tf.errors.DeadlineExceededError:
+                fail("%s: no synchronous step completed within %g s: a worker is missing "
+                     "(--backup_workers lets training go on without it)" % (log.role,
+                                                                             args.step_timeout))
+            if log_now:
+                log.progress(session, loss, step)
+        if log.is_chief:
+            log.without_hooks(session, sync.release_workers)
+        return log.end(session, minibatches_per_update=n, replicas_to_aggregate=n,
+                       backup_workers=args.backup_workers,
+                       step_seconds=lambda summary: n / summary["steps_per_sec"],
+                       dropped_gradients=lambda summary: max(0, sum(
+                           s for s in summary["local_steps"] if s > 0) - summary["updates"] * n))
+
+
+def main(argv=None):
+    args = parse_flags(argv, example_flags)  # bad input fails here, before TensorFlow loads
+    cluster = resolve_cluster(args)
+    if args.backup_workers >= len(cluster["worker"]):
+        fail("--backup_workers %d needs at least %d workers (have %d)" % (
+            args.backup_workers, args.backup_workers + 1, len(cluster["worker"])))
+    return run_task(args, cluster, train)
+
+
+# ==================================================================================================
+# Plumbing shared by every example (identical text; you need not read below)
+# ==================================================================================================
+# >>> shared: flags
+def fail(message):
+    """One line on stderr and exit status 2: for bad input and lost peers, never for bugs."""
+    print("error: " + message, file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
+def parse_flags(argv, example_flags, distributed=True):
+    """The flags every example shares, then the example's own; bad values fail here."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.error = lambda message: fail(message + " (see --help)")
+    for flag, kind, default, text in [
+            ("steps", int, 2000, "mini-batches to train, summed over the workers"),
+            ("batch_size", int, 64, "examples per mini-batch"),
+            ("learning_rate", float, 0.1, "the workers' learning rate"),
+            ("hidden", int, 128, "width of the MLP's hidden layer"),
+            ("data_path", str, "", "a local mnist.npz for --dataset mnist (else it downloads)"),
+            ("log_dir", str, "", "checkpoints and summaries; an existing one resumes (default: a "
+             "new logs/<time> beside train.py)"),
+            ("seed", int, 0, "seed of the initial weights and the shuffling"),
+            ("metrics_file", str, "", "also write the summary here, as JSON"),
+            ("log_every", int, 100, "progress (the chief: test accuracy) every N local steps"),
+    ] + [("job_name", str, "", "ps or worker (or set TF_CONFIG)"),
+         ("task_index", int, 0, "this task's index in its job"),
+         ("ps_hosts", str, "", "comma-separated host:port of the ps tasks"),
+         ("worker_hosts", str, "", "comma-separated host:port of the workers"),
+         ("connect_timeout", float, 60, "seconds to wait for the other tasks")] * distributed:
+        p.add_argument("--" + flag, type=kind, default=default, help=text)
+    p.add_argument("--dataset", default="digits", choices=("digits", "mnist"), help="data set")
+    example_flags(p)
+    args = p.parse_args(argv)
+    for flag, value in vars(args).items():  # no number is negative, nor 0 if its default is not
+        if type(value) in (int, float) and (value < 0 or value == 0 < p.get_default(flag)):
+            fail("--%s must be %s, got %s" % (
+                flag, "positive" if p.get_default(flag) else "0 or more", value))
+    args.log_dir = args.log_dir or os.path.join(os.path.dirname(os.path.abspath(__file__)), "logs",
+                                                time.strftime("%Y%m%d-%H%M%S-") + str(os.getpid()))
+    return args
+# <<< shared: flags
+
+
+# >>> shared: cluster
+def resolve_cluster(args):
+    """The cluster from the flags, or else from TF_CONFIG (as TFJob, Vertex AI or SageMaker give
+    it): a "chief" or "master" task becomes worker 0 and the workers follow; an "evaluator" has
+    nothing to do (the chief evaluates). Sets args.job_name and args.task_index."""
+    job, index = args.job_name, args.task_index
+    if job or args.ps_hosts or args.worker_hosts or "TF_CONFIG" not in os.environ:
+        if not args.ps_hosts or not args.worker_hosts:
+            fail("give --ps_hosts and --worker_hosts (or set TF_CONFIG)")
+        cluster = {"ps": args.ps_hosts.replace(" ", "").split(","),
+                   "worker": args.worker_hosts.replace(" ", "").split(",")}
+    else:
+        try:
+            config = json.loads(os.environ["TF_CONFIG"])
+            spec, job, index = config["cluster"], config["task"]["type"], config["task"].get("index")
+            chief = list(spec.get("chief", [])) + list(spec.get("master", []))
+            cluster = {"ps": list(spec["ps"]), "worker": chief + list(spec.get("worker", []))}
+            job, index = ("worker", 0) if job in ("chief", "master") else (
+                job, int(index or 0) + len(chief) * (job == "worker"))
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            fail("TF_CONFIG is not valid cluster JSON (%s: %s)" % (type(e).__name__, e))
+        if job == "evaluator":
+            sys.exit(print("[evaluator] nothing to do: the chief evaluates", flush=True))
+    for name, hosts in cluster.items():
+        for host, port in (str(h).rpartition(":")[::2] for h in hosts):
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                fail("%s hosts: %r is not host:port (for example localhost:2222)"
+                     % (name, host + ":" * bool(host) + port))
+    if job not in ("ps", "worker"):
+        fail("unknown job name %r: use ps or worker" % job)
+    if not 0 <= index < len(cluster[job]):
+        fail("task index %d is out of range: the %s job has %d task(s), 0..%d"
+             % (index, job, len(cluster[job]), len(cluster[job]) - 1))
+    args.job_name, args.task_index = job, index
+    return cluster
+
+
+def run_task(args, cluster, train):
+    """Load TensorFlow, start this task's server, then serve (a ps) or train (a worker, once
+    every ps answers). A lost peer or a timeout ends the task in one line, not a traceback."""
+    global tf
+    job, index, address = args.job_name, args.task_index, cluster[args.job_name][args.task_index]
+    with socket.socket() as probe:
+        try:
+            probe.bind(("", int(address.rpartition(":")[2])))
+        except OSError:
+            fail("%s %d: port %s is already in use: is an earlier run still going?"
+                 % (job, index, address))
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before the import: no C++ info lines
+    import tensorflow as tf
+    tf.compat.v1.disable_eager_execution()
+    tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)
+    server = tf.compat.v1.train.Server(  # one thread per op leaves the cores to the others
+        tf.compat.v1.train.ClusterSpec(cluster), job_name=job, task_index=index,
+        config=tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1), start=True)
+    try:
+        if job == "ps":
+            return serve(args, cluster, server)
+        deadline = time.time() + args.connect_timeout
+        while not all(is_listening(address) for address in cluster["ps"]):
+            if time.time() > deadline:
+                fail("cannot reach the ps at %s after %.0f s: is it running? (check the hosts)"
+                     % (",".join(cluster["ps"]), args.connect_timeout))
+            time.sleep(0.2)  # back-off between connection attempts
+        return train(args, cluster, server)
+    except tf.errors.OpError as e:
+        fail("%s %d stopped: %s: %s" % (job, index, type(e).__name__, e.message.splitlines()[0]))
+
+
+def is_listening(address):
+    try:
+        socket.create_connection(address.rsplit(":", 1), timeout=1).close()
+        return True
+    except OSError:
+        return False
+# <<< shared: cluster
+
+
+# >>> shared: shutdown
+# TensorFlow servers never stop by themselves, so every process watches the others' ports. Each
+# ps keeps a record with an entry per worker: NOT_ARRIVED, then TRAINING once its session is up,
+# then its local step count once it left cleanly. A ps serves until every worker has come and
+# gone, and so does the chief before its final checkpoint; gone without an entry is lost.
+NOT_ARRIVED, TRAINING = -1, -2
+
+
+def departure_record(cluster, ps_index):  # made and initialised by the ps; never checkpointed
+    with tf.compat.v1.device("/job:ps/task:%d" % ps_index):
+        return tf.compat.v1.Variable(tf.fill([len(cluster["worker"])], np.int64(NOT_ARRIVED)),
+                                     collections=[], name="departures_ps%d" % ps_index)
+
+
+def wait_until_gone(read_record, addresses, deadline):
+    """Until none of addresses answers and each has arrived (or the deadline passed); then the
+    record: the local steps of each worker that left, or below 0 for a lost one."""
+    while True:
+        before = read_record()
+        if not any(is_listening(a) for a in addresses.values()) and (
+                time.time() > deadline or NOT_ARRIVED not in [before[w] for w in addresses]):
+            return read_record()  # once more: a worker may have written, then closed its port
+        time.sleep(0.25)  # the pace of the port checks
+
+
+def serve(args, cluster, server):
+    """A parameter server: serve the variables until every worker has come and gone."""
+    index, workers = args.task_index, cluster["worker"]
+    record = departure_record(cluster, index)
+    config = tf.compat.v1.ConfigProto(device_filters=["/job:ps/task:%d" % index])
+    with tf.compat.v1.Session(server.target, config=config) as session:
+        session.run(record.initializer)
+        print("[ps%d] serving %d worker(s) at %s" % (index, len(workers), cluster["ps"][index]),
+              flush=True)
+        left = wait_until_gone(lambda: session.run(record), dict(enumerate(workers)),
+                               time.time() + args.connect_timeout)
+    lost = [w for w, steps in enumerate(left) if steps < 0]
+    if lost:
+        fail("worker(s) %s failed or were lost; the ps shuts down" % ",".join(map(str, lost)))
+    print("[ps%d] all %d worker(s) done; shutting down" % (index, len(workers)), flush=True)
+    return 0
+# <<< shared: shutdown
+
+
+# >>> shared: training log
+class TrainingLog(object):
+    """A worker's bookkeeping around its loop: its session, progress lines, the chief's test
+    accuracy and summaries, timing, and the end of training (see end)."""
+
+    def __init__(self, args, cluster, params, data, steps_per_update=1):
+        self.args, self.cluster, self.steps_per_update = args, cluster, steps_per_update
+        self.role, self.is_chief = "worker%d" % args.task_index, args.task_index == 0
+        with tf.compat.v1.device("/job:worker/task:%d" % args.task_index):  # ops built now: the
+            self.test_accuracy = model_loss_and_accuracy(  # session finalizes the graph
+                params, scale(data.x_test, data.pixel_max), data.y_test)[1]
+        self.records = [departure_record(cluster, i) for i in range(len(cluster["ps"]))]
+        self.steps_done = tf.compat.v1.placeholder(tf.int64, [1])
+        self.depart = [r.scatter_update(tf.IndexedSlices(self.steps_done, [args.task_index]))
+                       for r in self.records]
+        self.global_step, self.staleness_sum = tf.compat.v1.train.get_or_create_global_step(), None
+        self.local_steps, self.start_step, self.history, self.started = 0, 0, [], time.time()
+        self.clock = (0, self.started, 0)  # local steps, time and global step as the clock starts
+
+    def training_session(self, server, last_step, hooks=()):
+        """The chief initialises or restores, and saves checkpoints and summaries; the others
+        wait here until it has (the stock session would look only every 30 s), then join."""
+        args = self.args
+        config = tf.compat.v1.ConfigProto(  # sees only the ps and this worker, or it waits for all
+            device_filters=["/job:ps", "/job:worker/task:%d" % args.task_index],
+            intra_op_parallelism_threads=1)
+        if self.is_chief:
+            print("[worker0] chief: log_dir=%s" % args.log_dir, flush=True)
+            if tf.train.latest_checkpoint(args.log_dir):
+                self.start_step = int(tf.train.load_variable(args.log_dir, "global_step"))
+                print("[worker0] resuming from the checkpoint at global step %d" % self.start_step)
+        else:
+            uninitialised = tf.compat.v1.report_uninitialized_variables()
+            with tf.compat.v1.Session(server.target, config=config) as session:
+                deadline = time.time() + args.connect_timeout
+                while len(session.run(uninitialised)) and time.time() < deadline:
+                    time.sleep(0.25)  # the pace of the checks
+        return tf.compat.v1.train.MonitoredTrainingSession(
+            master=server.target, is_chief=self.is_chief, checkpoint_dir=args.log_dir,
+            hooks=[tf.compat.v1.train.StopAtStepHook(last_step=last_step)] + list(hooks),
+            save_checkpoint_secs=30, save_summaries_steps=args.log_every, config=config,
+            log_step_count_steps=args.log_every, stop_grace_period_secs=5,
+            max_wait_secs=args.connect_timeout)
+
+    def updates(self, session):
+        """Yield once per update until the session stops: True when it is to log progress. The
+        clock starts after the first update, which sets the graph up on every server."""
+        run_without_hooks(session, self.depart, {self.steps_done: [TRAINING]})
+        print("[%s] training started" % self.role, flush=True)
+        while not session.should_stop():
+            done, self.local_steps = self.local_steps, self.local_steps + self.steps_per_update
+            yield done // self.args.log_every < self.local_steps // self.args.log_every
+            if done == 0:
+                self.clock = self.last_log = (self.local_steps, time.time(),
+                                              run_without_hooks(session, self.global_step))
+        self.seconds = time.time() - self.clock[1]
+
+    def progress(self, session, loss, global_step):
+        """A progress line; the chief adds the test accuracy, and writes both to TensorBoard."""
+        line = "[%s] local_step=%d global_step=%d loss=%.4f" % (
+            self.role, self.local_steps, global_step, loss)
+        if self.is_chief:
+            line += " test_accuracy=%.4f" % self.evaluate(session, global_step, loss=loss)
+        print(line + " steps_per_sec=%.1f" % ((self.local_steps - self.last_log[0]) / (
+            time.time() - self.last_log[1])), flush=True)
+        self.last_log = self.local_steps, time.time()
+
+    def evaluate(self, session, global_step, **summaries):
+        accuracy = float(run_without_hooks(session, self.test_accuracy))
+        self.history.append([round(time.time() - self.started, 3), int(global_step), accuracy])
+        tf.compat.v1.summary.FileWriterCache.get(self.args.log_dir).add_summary(
+            tf.compat.v1.Summary(value=[tf.compat.v1.Summary.Value(tag=tag, simple_value=value)
+                                        for tag, value in dict(summaries, test_accuracy=accuracy)
+                                        .items()]), global_step)
+        return accuracy
+
+    def end(self, session, minibatches_per_update=1, **extra):
+        """The last call in the session. The chief waits for the others to leave, evaluates the
+        final parameters and prints the summary (extra: values, or functions of the summary);
+        then every worker records its local steps on each ps. The final checkpoint follows."""
+        if self.is_chief:
+            left = wait_until_gone(lambda: run_without_hooks(session, self.records[0]), dict(list(
+                enumerate(self.cluster["worker"]))[1:]), self.started + self.args.connect_timeout)
+            step, seconds = run_without_hooks(session, self.global_step), self.seconds
+            minibatches = (step - self.clock[2]) * minibatches_per_update
+            summary = dict(
+                example=EXAMPLE, test_accuracy=self.evaluate(session, step), global_step=step,
+                workers=len(left), ps=len(self.records), lost_workers=int(sum(left[1:] < 0)),
+                local_steps=[self.local_steps] + [int(s) for s in left[1:]],
+                updates=step - self.start_step, batch_size=self.args.batch_size,
+                wall_seconds=time.time() - self.started, steps_per_sec=minibatches / seconds,
+                examples_per_sec=minibatches * self.args.batch_size / seconds)
+            if self.staleness_sum is not None:  # see count_staleness
+                summary["mean_staleness"] = run_without_hooks(session, self.staleness_sum) / step
+            summary.update((k, v(summary) if callable(v) else v) for k, v in extra.items())
+            print("[worker0] summary " + " ".join("%s=%s" % (k, ",".join(map(str, v)) if isinstance(
+                v, list) else "%.6g" % v if isinstance(v, float) else v)
+                for k, v in summary.items()), flush=True)
+            if self.args.metrics_file:
+                with open(self.args.metrics_file, "w") as f:
+                    json.dump(dict(summary, history=self.history), f, indent=1)
+        try:
+            run_without_hooks(session, self.depart, {self.steps_done: [self.local_steps]})
+        except tf.errors.OpError:
+            pass  # a ps is gone: it no longer needs to know
+        print("[%s] done: local_steps=%d" % (self.role, self.local_steps), flush=True)
+        return 0
+
+
+def run_without_hooks(session, fetches, feed_dict=None, repeat=1):
+    """Run fetches (repeat times) on the raw session, so that no hook adds to the traffic."""
+    def run(step_context):
+        for _ in range(repeat):
+            value = step_context.session.run(fetches, feed_dict)
+        return value
+    return session.run_step_fn(run)
+# <<< shared: training log
+
+
+# >>> shared: sync replicas
+def quiet_the_aggregation_thread_at_close():
     """The chief's aggregation thread (a queue runner) always waits for the next step's
     gradients; closing the session at the end cancels that wait. That is its normal end, so its
     CancelledError is not printed as if it were a failure. Any other error still is."""
@@ -379,290 +501,7 @@ def expect_the_aggregation_thread_to_be_cancelled_at_close():
                 and info.thread.name.startswith("QueueRunnerThread")):
             default_hook(info)
     threading.excepthook = hook
-
-
-# ==================================================================================================
-# Training loop
-# ==================================================================================================
-def train(args, cluster, server):
-    task, role = args.task_index, "worker%d" % args.task_index
-    is_chief, num_workers = task == 0, len(cluster["worker"])
-    quorum = replicas_to_aggregate(args, num_workers)
-    last_step = -(-args.steps // quorum)  # --steps counts the mini-batches used: N per step
-    data = load_dataset(args.dataset, args.data_path)
-    global_step, train_op, loss, test_accuracy, sync_hook, release = build_training_graph(
-        args, cluster, data)
-    shutdown = Shutdown(cluster, task)
-    wait_until_listening(cluster["ps"], "ps", args.connect_timeout)
-
-    start_step, history = 0, []
-    if is_chief:
-        if tf.train.latest_checkpoint(args.log_dir):
-            start_step = int(tf.train.load_variable(args.log_dir, "global_step"))
-            print("[%s] resuming from the checkpoint at global step %d" % (role, start_step))
-        print("[%s] chief: log_dir=%s; %d of %d gradients a step (%d backup), lr_eff=%g"
-              % (role, args.log_dir, quorum, num_workers, args.backup_workers,
-                 args.learning_rate * quorum), flush=True)
-        writer = tf.compat.v1.summary.FileWriterCache.get(args.log_dir)
-
-    def record_test_accuracy(session, step, elapsed):
-        accuracy = session.run(test_accuracy)
-        history.append([round(elapsed, 3), int(step), float(accuracy)])
-        writer.add_summary(tf.compat.v1.Summary(value=[tf.compat.v1.Summary.Value(
-            tag="test_accuracy", simple_value=accuracy)]), step)
-        return float(accuracy)
-
-    expect_the_aggregation_thread_to_be_cancelled_at_close()
-    straggling = task == num_workers - 1 and args.straggler_delay > 0
-    step_limit = tf.compat.v1.RunOptions(timeout_in_ms=int(args.step_timeout * 1000))
-    hooks = [tf.compat.v1.train.StopAtStepHook(last_step=last_step), sync_hook]
-    peers = WaitForOtherWorkersHook(shutdown, cluster, args.connect_timeout)
-    local_step, ok, started = 0, False, time.time()
-    try:
-        with training_session(args, server, is_chief, hooks, [peers]) as sess:
-            print("[%s] training started%s" % (role, " (a straggler: +%gs a step)"
-                                               % args.straggler_delay if straggling else ""),
-                  flush=True)
-            train_started = last_time = time.time()
-            first_step = None
-            while not sess.should_stop():
-                if straggling:
-                    time.sleep(args.straggler_delay)  # simulates a slow machine, nothing more
-                local_step += 1
-                log_now = local_step % args.log_every == 0
-                eval_now = is_chief and args.eval_every and local_step % args.eval_every == 0
-                try:  # a step waits for the others; bound the wait, so a lost quorum is an error
-                    _, loss_value, step = sess.run([train_op, loss, global_step],
-                                                   options=step_limit)
-                except tf.errors.DeadlineExceededError:
-                    fail("%s: no synchronous step completed within %g s: a worker is missing "
-                         "(--backup_workers lets training go on without it)"
-                         % (role, args.step_timeout))
-                if first_step is None:  # time the steps after the first (graph set-up)
-                    first_step, train_started, last_time = step, time.time(), time.time()
-                if log_now:
-                    now = time.time()
-                    progress(role, local_step, step, loss_value,
-                             args.log_every / (now - last_time))
-                    last_time = now
-                if eval_now:
-                    sess.run_step_fn(lambda step_context: record_test_accuracy(
-                        step_context.session, step, time.time() - started))  # no hooks
-            if is_chief:
-                sess.run_step_fn(lambda step_context: step_context.session.run(release))
-            train_seconds = time.time() - train_started
-        ok = True
-    finally:
-        shutdown.leave(server, local_step if ok else FAILED)
-    if not is_chief:
-        print("[%s] done: local_steps=%d" % (role, local_step), flush=True)
-        return 0
-
-    # The other workers have left (the hook waited for them): evaluate the final parameters.
-    with tf.compat.v1.Session(server.target, config=session_config(task)) as session:
-        final_step = int(session.run(global_step))
-        final_accuracy = record_test_accuracy(session, final_step, time.time() - started)
-    writer.flush()
-    timed_steps = final_step - (final_step if first_step is None else first_step)
-    lost = [w for w, steps in peers.local_steps.items() if steps == FAILED]
-    local_steps = [local_step] + [peers.local_steps[w] for w in range(1, num_workers)]
-    pushed = sum(s for s in local_steps if s != FAILED)
-    report(role, args.metrics_file, collections.OrderedDict([
-        ("example", EXAMPLE), ("test_accuracy", final_accuracy), ("global_step", final_step),
-        ("workers", num_workers), ("ps", len(cluster["ps"])), ("local_steps", local_steps),
-        ("lost_workers", len(lost)), ("replicas_to_aggregate", quorum),
-        ("backup_workers", args.backup_workers),
-        ("dropped_gradients", max(0, pushed - (final_step - start_step) * quorum)),
-        ("wall_seconds", time.time() - started),
-        ("step_seconds", train_seconds / max(timed_steps, 1)),
-        ("steps_per_sec", timed_steps * quorum / train_seconds),
-        ("examples_per_sec", timed_steps * quorum * args.batch_size / train_seconds),
-        ("batch_size", args.batch_size), ("log_dir", args.log_dir), ("history", history)]))
-    shutdown.release_parameter_servers(server)
-    if lost:
-        fail("worker(s) %s were lost during training" % ",".join(map(str, lost)))
-    return 0
-
-
-# >>> shared: reporting
-def default_log_dir():
-    stamp = time.strftime("%Y%m%d-%H%M%S") + "-%d" % os.getpid()
-    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "logs", stamp)
-
-
-def progress(role, local_step, global_step, loss, steps_per_sec):
-    print("[%s] local_step=%d global_step=%d loss=%.4f steps_per_sec=%.1f"
-          % (role, local_step, global_step, loss, steps_per_sec), flush=True)
-
-
-def report(role, metrics_file, metrics):
-    """The one summary line, in stable key=value pairs, and the same as JSON if asked."""
-    def text(value):
-        if isinstance(value, float):
-            return "%.6g" % value
-        return ",".join(map(str, value)) if isinstance(value, list) else str(value)
-    print("[%s] summary %s" % (role, " ".join(
-        "%s=%s" % (k, text(v)) for k, v in metrics.items() if k != "history")), flush=True)
-    if metrics_file:
-        with open(metrics_file, "w") as f:
-            json.dump(metrics, f, indent=1)
-# <<< shared: reporting
-
-
-# ==================================================================================================
-# Shutdown
-# ==================================================================================================
-# >>> shared: shutdown
-# TensorFlow servers never stop by themselves (server.join() never returns). So each ps task
-# holds a "done" queue: every worker puts one token in it when it leaves, and the ps exits once
-# it has a token from each worker. Non-chief workers also put their local step count in a
-# "finished" queue that the chief empties before its final checkpoint and evaluation. A worker
-# that dies without a token is noticed when its server stops answering.
-FAILED = -1
-
-
-def done_queue(cluster, ps_index):
-    """The queue on one ps task where each worker leaves a token as it goes."""
-    with tf.compat.v1.device("/job:ps/task:%d" % ps_index):
-        return tf.compat.v1.FIFOQueue(len(cluster["worker"]), [tf.int64, tf.int64], [[], []],
-                                      shared_name="done_ps%d" % ps_index)
-
-
-def finished_queue(cluster):
-    """The queue on ps 0 where each non-chief worker leaves its local step count."""
-    with tf.compat.v1.device("/job:ps/task:0"):
-        return tf.compat.v1.FIFOQueue(len(cluster["worker"]), [tf.int64, tf.int64], [[], []],
-                                      shared_name="finished_workers")
-
-
-class Shutdown(object):
-    """A worker's side of the queues, created by name on the ps tasks so every process finds them."""
-
-    def __init__(self, cluster, task_index):
-        self.task_index, self.ps_addresses = task_index, cluster["ps"]
-        self.done = [done_queue(cluster, i) for i in range(len(cluster["ps"]))]
-        self.finished = finished_queue(cluster)
-        # ops are built now: the training session finalizes the graph
-        self.steps = tf.compat.v1.placeholder(tf.int64, [])
-        self.report_finished = self.finished.enqueue([task_index, self.steps])
-        self.signal_done = [q.enqueue([task_index, self.steps]) for q in self.done]
-
-    def leave(self, server, local_steps):
-        """A non-chief worker (or a failed chief) reports its local steps and tells each ps."""
-        if self.task_index == 0 and local_steps != FAILED:
-            return  # the chief leaves last, after its evaluation
-        if not all(is_listening(a) for a in self.ps_addresses):
-            return  # a ps is gone: there is nobody left to tell
-        ops = self.signal_done if self.task_index == 0 else [self.report_finished] + self.signal_done
-        with tf.compat.v1.Session(server.target, config=session_config(self.task_index)) as s:
-            s.run(ops, {self.steps: local_steps},
-                  options=tf.compat.v1.RunOptions(timeout_in_ms=10000))
-
-    def release_parameter_servers(self, server):
-        with tf.compat.v1.Session(server.target, config=session_config(0)) as s:
-            s.run(self.signal_done, {self.steps: 0},
-                  options=tf.compat.v1.RunOptions(timeout_in_ms=10000))
-
-
-def token_ops(queue):
-    return queue.dequeue(), queue.size()
-
-
-def collect_tokens(session, ops, worker_addresses, workers, grace_secs):
-    """Take one (worker, value) token from each of the given workers; return {worker: value}.
-
-    ops is token_ops(queue). A worker whose server stopped answering and whose token is not in
-    the queue gets FAILED. A worker not yet seen alive is waited for up to grace_secs, or until
-    every other worker has sent its token. Every wait is bounded.
-    """
-    dequeue, size = ops
-    tokens, seen_alive, gone = {}, set(), set()
-    deadline, poll = time.time() + grace_secs, tf.compat.v1.RunOptions(timeout_in_ms=1000)
-    while set(workers) - set(tokens):
-        try:
-            worker, value = session.run(dequeue, options=poll)
-            tokens[int(worker)] = int(value)
-            continue
-        except tf.errors.DeadlineExceededError:
-            pass
-        if session.run(size, options=tf.compat.v1.RunOptions(timeout_in_ms=60000)) > 0:
-            continue  # a token is waiting (on a busy machine): take it before judging anyone
-        pending = set(workers) - set(tokens)
-        for w in pending:
-            if is_listening(worker_addresses[w]):
-                seen_alive.add(w)
-            elif w in gone:  # silent on two checks in a row, with a dequeue between: lost
-                tokens[w] = FAILED
-            elif w in seen_alive or time.time() > deadline or pending == {w}:
-                gone.add(w)
-    return tokens
-
-
-class WaitForOtherWorkersHook(tf.compat.v1.train.SessionRunHook):
-    """Chief only: at the end of training, wait for the other workers' local step counts.
-
-    It runs before the checkpoint hook's end, so the last checkpoint holds the final parameters.
-    """
-
-    def __init__(self, shutdown, cluster, grace_secs):
-        self.shutdown, self.cluster, self.grace_secs = shutdown, cluster, grace_secs
-        self.local_steps = {}
-
-    def begin(self):
-        self.ops = token_ops(self.shutdown.finished)  # built now: the graph is then finalized
-
-    def end(self, session):
-        others = range(1, len(self.cluster["worker"]))
-        self.local_steps = collect_tokens(session, self.ops, self.cluster["worker"],
-                                          others, grace_secs=0)
-
-
-def serve(cluster, server, index, grace_secs):
-    """A parameter server: serve the variables until every worker has left, then return."""
-    num_workers = len(cluster["worker"])
-    ops = token_ops(done_queue(cluster, index))  # only this task's: the session sees only it
-    print("[ps%d] serving %d worker(s) at %s" % (index, num_workers, cluster["ps"][index]),
-          flush=True)
-    config = tf.compat.v1.ConfigProto(device_filters=["/job:ps/task:%d" % index])
-    with tf.compat.v1.Session(server.target, config=config) as session:
-        tokens = collect_tokens(session, ops, cluster["worker"], range(num_workers),
-                                grace_secs)
-    failed = sorted(w for w, v in tokens.items() if v == FAILED)
-    if failed:
-        fail("worker(s) %s failed or were lost; the ps shuts down" % ",".join(map(str, failed)))
-    print("[ps%d] all %d worker(s) done; shutting down" % (index, num_workers), flush=True)
-    return 0
-# <<< shared: shutdown
-
-
-# ==================================================================================================
-# main: a parameter server serves until its workers are done; a worker trains
-# ==================================================================================================
-def main(argv=None):
-    parser = common_flags(__doc__.splitlines()[0])
-    parser.set_defaults(steps=2000)
-    parser.add_argument("--backup_workers", type=int, default=0,
-                        help="b: each step uses the first workers - b gradients")
-    parser.add_argument("--straggler_delay", type=float, default=0,
-                        help="seconds the last worker sleeps before each step (a straggler)")
-    parser.add_argument("--step_timeout", type=float, default=30,
-                        help="seconds a step may wait for the other workers before failing")
-    cluster_flags(parser)
-    args = parser.parse_args(argv)
-    check_common_flags(args)
-    cluster, job, index = resolve_cluster(args)
-    args.job_name, args.task_index = job, index
-    args.log_dir = args.log_dir or default_log_dir()
-    replicas_to_aggregate(args, len(cluster["worker"]))  # reject a bad --backup_workers early
-    tf.compat.v1.disable_eager_execution()
-    tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)
-    server = start_server(cluster, job, index)
-    try:
-        if job == "ps":
-            return serve(cluster, server, index, args.connect_timeout)
-        return train(args, cluster, server)
-    except tf.errors.OpError as e:  # a lost peer or a timeout: one line, not a traceback wall
-        fail("%s %d stopped: %s: %s" % (job, index, type(e).__name__, e.message.splitlines()[0]))
+# <<< shared: sync replicas
 
 
 if __name__ == "__main__":
