@@ -9,9 +9,11 @@ import sys
 import threading
 import time
 
+import numpy as np
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ACCURACY_BAR = 0.95  # the test accuracy every example must reach with its defaults
 
 
 def _find_examples():
@@ -32,13 +34,16 @@ def example_dir(example):
 
 
 def load_train_module(example):
-    """Import an example's train.py as a module (its main() only runs when executed)."""
+    """Import an example's train.py as a module (its main() only runs when executed), with
+    TensorFlow loaded into it as main() would: the file defers the import to check flags first."""
+    import tensorflow as tf
     name = "train_" + re.sub(r"\W", "_", example)
     if name not in sys.modules:
         spec = importlib.util.spec_from_file_location(name, os.path.join(example_dir(example),
                                                                          "train.py"))
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
+        module.tf = tf
         sys.modules[name] = module
     return sys.modules[name]
 
@@ -198,9 +203,6 @@ def run_with_defaults(example, tmp_path_factory, timeout=180):
     return run
 
 
-ACCURACY_BAR = 0.95
-
-
 def assert_trained_to_the_bar(run, workers):
     """A clean run: exit 0, the accuracy bar, no lost worker, the ps and run.sh ended by themselves."""
     assert run.code == 0, run.output[-3000:]
@@ -221,3 +223,49 @@ def assert_one_push_per_window(run, window, steps):
     # --steps counts mini-batches of all workers: steps / window pushes, plus at most one
     # window more per other worker that was mid-window when the chief stopped
     assert steps // window <= int(summary["global_step"]) <= steps // window + 1
+
+
+# --- A real cluster inside the test process, driven op by op ---------------------------------------
+def flags(module, *argv):
+    """An example's parsed flags, as its main() would parse them (a small model for speed)."""
+    return module.parse_flags(["--hidden", "8"] + list(argv), module.example_flags)
+
+
+def fixed_batch(n=16, features=5, seed=0):
+    import tensorflow as tf
+    rng = np.random.default_rng(seed)
+    return (tf.constant(rng.normal(size=(n, features)).astype(np.float32)),
+            tf.constant(rng.integers(0, 10, n)))
+
+
+def values(session, params):
+    return {name: v for name, v in zip(params, session.run(list(params.values())))}
+
+
+def assert_same(a, b):
+    for name in a:
+        np.testing.assert_allclose(a[name], b[name], rtol=1e-6, atol=1e-7, err_msg=name)
+
+
+def differs(a, b):
+    return any(not np.allclose(a[name], b[name], rtol=1e-6, atol=1e-7) for name in a)
+
+
+def worker_config(task_index):
+    """A worker session's view of the cluster: the ps tasks and itself, as the examples set it."""
+    import tensorflow as tf
+    return tf.compat.v1.ConfigProto(device_filters=["/job:ps", "/job:worker/task:%d" % task_index])
+
+
+def one_worker_session(build, args, cluster, server, batch=fixed_batch):
+    """Build an algorithm for worker 0 on a fixed batch, initialised as the chief would."""
+    import tensorflow as tf
+    graph = tf.Graph()
+    with graph.as_default():
+        ops = build(args, cluster, *batch())
+        init = [tf.compat.v1.global_variables_initializer(),
+                tf.compat.v1.local_variables_initializer()]
+    session = tf.compat.v1.Session(server.target, graph=graph, config=worker_config(0))
+    session.run(init[0])
+    session.run(init[1])  # after the globals: the local copies start from the ps
+    return ops, session

@@ -5,49 +5,17 @@ import pytest
 import tensorflow as tf
 
 from conftest import (assert_nothing_left, assert_one_push_per_window, assert_trained_to_the_bar,
-                      in_process_cluster, kill_mid_run, load_train_module, run_with_defaults)
+                      fixed_batch, flags, in_process_cluster, kill_mid_run, load_train_module,
+                      one_worker_session, run_with_defaults, values)
 
-ACCURACY_BAR = 0.95
 adag = load_train_module("ADAG")
-
-
-# --- Helpers: a real cluster inside the test process, driven op by op -----------------------------
-
-def flags(module, add_flags, *argv):
-    parser = module.common_flags("test")
-    module.cluster_flags(parser)
-    add_flags(parser)
-    return parser.parse_args(["--hidden", "8"] + list(argv))
-
-
-def fixed_batch(n=16, features=5, seed=0):
-    rng = np.random.default_rng(seed)
-    return (tf.constant(rng.normal(size=(n, features)).astype(np.float32)),
-            tf.constant(rng.integers(0, 10, n)))
-
-
-def values(session, params):
-    return {name: v for name, v in zip(params, session.run(list(params.values())))}
-
-
-def one_worker_session(module, build, args, cluster, server):
-    """Build the algorithm for worker 0 on a fixed batch, initialised as the chief would."""
-    graph = tf.Graph()
-    with graph.as_default():
-        ops = build(args, cluster, *fixed_batch())
-        init = [tf.compat.v1.global_variables_initializer(),
-                tf.compat.v1.local_variables_initializer()]
-    session = tf.compat.v1.Session(server.target, graph=graph, config=module.session_config(0))
-    session.run(init[0])
-    session.run(init[1])  # after the globals: the local copies start from the ps
-    return ops, session
 
 
 # --- The algorithm, op by op ----------------------------------------------------------------------
 def test_adag_places_the_parameters_on_the_ps_and_the_local_copies_on_the_worker():
     cluster, _ = in_process_cluster()
     with tf.Graph().as_default():
-        adag.build_adag(flags(adag, adag.adag_flags), cluster, *fixed_batch())
+        adag.build_adag(flags(adag), cluster, *fixed_batch())
         for v in tf.compat.v1.global_variables():
             assert v.device.startswith("/job:ps/task:0"), (v.name, v.device)
         for v in tf.compat.v1.local_variables():
@@ -56,8 +24,8 @@ def test_adag_places_the_parameters_on_the_ps_and_the_local_copies_on_the_worker
 
 def test_adag_moves_the_ps_by_the_local_change_divided_by_the_window():
     cluster, (worker,) = in_process_cluster()
-    args = flags(adag, adag.adag_flags, "--window", "4", "--learning_rate", "0.1")
-    ops, s = one_worker_session(adag, adag.build_adag, args, cluster, worker)
+    args = flags(adag, "--window", "4", "--learning_rate", "0.1")
+    ops, s = one_worker_session(adag.build_adag, args, cluster, worker)
     for push in (1, 2):  # the second window starts from the pulled parameters
         before = values(s, ops.global_params)
         for _ in range(args.window):
@@ -81,8 +49,8 @@ def test_adag_with_a_window_of_one_equals_a_downpour_style_push():
     # rate, so that its push of the summed gradient is the same local change.
     downpour = load_train_module("DOWNPOUR")
     cluster, (worker,) = in_process_cluster()
-    args = flags(adag, adag.adag_flags, "--window", "1", "--learning_rate", "0.1")
-    ops, s = one_worker_session(adag, adag.build_adag, args, cluster, worker)
+    args = flags(adag, "--window", "1", "--learning_rate", "0.1")
+    ops, s = one_worker_session(adag.build_adag, args, cluster, worker)
     start = values(s, ops.global_params)
     s.run(ops.local_step)
     local = values(s, ops.local_params)
@@ -90,9 +58,9 @@ def test_adag_with_a_window_of_one_equals_a_downpour_style_push():
     by_adag = values(s, ops.global_params)
 
     cluster, (worker,) = in_process_cluster()
-    args = flags(downpour, downpour.downpour_flags, "--window", "1", "--learning_rate", "0.1",
+    args = flags(downpour, "--window", "1", "--learning_rate", "0.1",
                  "--ps_optimizer", "sgd", "--ps_learning_rate", "0.1")
-    ops, s = one_worker_session(downpour, downpour.build_downpour, args, cluster, worker)
+    ops, s = one_worker_session(downpour.build_downpour, args, cluster, worker)
     np.testing.assert_array_equal(values(s, ops.global_params)["w1"], start["w1"])
     s.run(ops.local_step)
     s.run(ops.push_and_pull)

@@ -1,4 +1,5 @@
-"""Each example folder is self-contained, so the boilerplate is copied: keep the copies equal."""
+"""Every example folder is self-contained, so its plumbing is copied: keep the copies equal, and
+keep every train.py in the reading order that puts the algorithm first."""
 import ast
 import os
 import re
@@ -7,20 +8,23 @@ import pytest
 
 from conftest import DISTRIBUTED_EXAMPLES, EXAMPLES, example_dir
 
-BLOCK = re.compile(r"^# >>> shared: (\S+)\n(.*?)^# <<< shared: \1$", re.S | re.M)
-EVERY_TRAIN_PY = {"flags", "data", "model", "reporting"}
-DISTRIBUTED_TRAIN_PY = EVERY_TRAIN_PY | {"cluster", "sessions", "shutdown"}
+BLOCK = re.compile(r"^# >>> shared: (.+?)\n(.*?)^# <<< shared: \1$", re.S | re.M)
+EVERY_TRAIN_PY = {"flags", "data", "model"}
+DISTRIBUTED_TRAIN_PY = EVERY_TRAIN_PY | {"cluster", "shutdown", "training log"}
 ALLOWED_IMPORTS = {"argparse", "collections", "json", "os", "socket", "sys", "threading", "time",
                    "numpy", "tensorflow", "sklearn"}
+BANNER = "# Plumbing shared by every example (identical text; you need not read below)"
+SECTIONS = ["# --- Data (replace with your own) ", "# --- Model (replace with your own) ",
+            "# --- The algorithm ", "# --- The training loop ", "\ndef main(", BANNER]
 
 
-def shared_blocks(path):
-    with open(path) as f:
-        return dict(BLOCK.findall(f.read()))
+def read(example, name):
+    with open(os.path.join(example_dir(example), name)) as f:
+        return f.read()
 
 
-def example_files(name):
-    return {e: os.path.join(example_dir(e), name) for e in EXAMPLES}
+def shared_blocks(text):
+    return {name: body for name, body in BLOCK.findall(text)}
 
 
 def test_every_example_folder_has_train_py_run_sh_and_a_readme():
@@ -30,37 +34,66 @@ def test_every_example_folder_has_train_py_run_sh_and_a_readme():
 
 
 def test_each_train_py_carries_the_shared_blocks_it_needs():
-    for example, path in example_files("train.py").items():
+    for example in EXAMPLES:
         needed = DISTRIBUTED_TRAIN_PY if example in DISTRIBUTED_EXAMPLES else EVERY_TRAIN_PY
-        assert needed <= set(shared_blocks(path)), (example, needed - set(shared_blocks(path)))
+        found = set(shared_blocks(read(example, "train.py")))
+        assert needed <= found, (example, needed - found)
 
 
-@pytest.mark.parametrize("file_name", ["train.py", "run.sh"])
-def test_the_shared_blocks_are_the_same_text_in_every_example(file_name):
+def test_the_shared_blocks_are_the_same_text_in_every_train_py():
     copies = {}
-    for example, path in example_files(file_name).items():
-        for name, text in shared_blocks(path).items():
+    for example in EXAMPLES:
+        for name, text in shared_blocks(read(example, "train.py")).items():
             copies.setdefault(name, {})[example] = text
-    assert copies, "no shared blocks found in any %s" % file_name
     for name, by_example in copies.items():
         reference = by_example.get("Distributed-Setup", next(iter(by_example.values())))
         drifted = [e for e, text in by_example.items() if text != reference]
-        assert not drifted, "shared block %r of %s differs from Distributed-Setup's in %s" % (
-            name, file_name, drifted)
+        assert not drifted, "shared block %r differs from Distributed-Setup's in %s" % (
+            name, drifted)
 
 
-def test_every_distributed_run_sh_is_the_shared_launcher():
-    for example in DISTRIBUTED_EXAMPLES:
-        blocks = shared_blocks(os.path.join(example_dir(example), "run.sh"))
-        assert {"label", "run.sh"} <= set(blocks), example
+def test_every_train_py_tells_its_story_first_and_keeps_the_plumbing_last():
+    for example in EXAMPLES:
+        text = read(example, "train.py")
+        positions = [text.find(section) for section in SECTIONS]
+        assert -1 not in positions and positions == sorted(positions), (example, positions)
+        assert text.find("def example_flags(") < positions[0], example
+        # below the banner there is nothing but shared blocks (and the __main__ guard)
+        plumbing = BLOCK.sub("", text[positions[-1] + len(BANNER):])
+        code = [l for l in plumbing.splitlines() if l.strip() and not l.startswith("# ====")]
+        assert code == ['if __name__ == "__main__":', "    sys.exit(main())"], (example, code)
+
+
+@pytest.mark.parametrize("example", DISTRIBUTED_EXAMPLES)
+def test_the_algorithm_comes_first_and_the_plumbing_is_a_short_appendix(example):
+    lines = read(example, "train.py").splitlines()
+    algorithm = next(i for i, l in enumerate(lines, 1) if l.startswith("def build_"))
+    banner = lines.index(BANNER) + 1
+    assert algorithm <= 150, "%s: the algorithm starts at line %d" % (example, algorithm)
+    assert len(lines) - banner <= 250, "%s: %d lines of plumbing" % (example, len(lines) - banner)
+    assert len(lines) <= 450, "%s: %d lines in all" % (example, len(lines))
+
+
+def test_every_distributed_run_sh_is_the_same_launcher_of_at_most_60_lines():
+    launchers = {e: read(e, "run.sh") for e in DISTRIBUTED_EXAMPLES}
+    reference = launchers["Distributed-Setup"]
+    assert [e for e, text in launchers.items() if text != reference] == []
+    assert len(reference.splitlines()) <= 60
+    # a reader sees the processes start near the top
+    starts = [i for i, l in enumerate(reference.splitlines(), 1) if l.startswith("for ((i")]
+    assert len(starts) == 2 and max(starts) <= 30, starts
+
+
+def test_the_baseline_run_sh_filters_tensorflow_chatter_like_the_launcher():
+    label = re.compile(r"^label\(\) \{.*?^\}$", re.S | re.M)
+    assert label.search(read("Non-Distributed-Setup", "run.sh")).group(0) == label.search(
+        read("Distributed-Setup", "run.sh")).group(0)
 
 
 def test_train_py_imports_only_tensorflow_numpy_scikit_learn_and_the_standard_library():
-    for example, path in example_files("train.py").items():
-        with open(path) as f:
-            tree = ast.parse(f.read())
+    for example in EXAMPLES:
         imported = set()
-        for node in ast.walk(tree):
+        for node in ast.walk(ast.parse(read(example, "train.py"))):
             if isinstance(node, ast.Import):
                 imported |= {a.name.split(".")[0] for a in node.names}
             elif isinstance(node, ast.ImportFrom):

@@ -1,56 +1,45 @@
-"""The template every example copies: Non-Distributed-Setup and Distributed-Setup, end to end."""
+"""Distributed-Setup, the template every distributed example copies: training end to end, the
+life cycle of every process (clean end, a lost worker, a lost chief, Ctrl-C), bad input, the cluster
+from flags or TF_CONFIG, and the data pipeline every example shares."""
 import json
 import os
 import signal
 import socket
+import subprocess
 import time
 
 import numpy as np
 import pytest
 
-from conftest import (assert_nothing_left, error_lines, finish, free_port, kill_mid_run,
-                      load_train_module, read_until, run_train, start_example)
-
-ACCURACY_BAR = 0.95
+from conftest import (ACCURACY_BAR, assert_nothing_left, error_lines, finish, free_port,
+                      kill_mid_run, load_train_module, read_until, run_train, start_example)
 
 
 # --- Training end to end through run.sh -----------------------------------------------------------
-def test_non_distributed_setup_reaches_the_accuracy_bar_with_its_defaults(run_example, tmp_path):
-    metrics_file = tmp_path / "metrics.json"
-    run = run_example("Non-Distributed-Setup", "--metrics_file", str(metrics_file), timeout=120)
-    assert run.code == 0, run.output[-3000:]
-    summary = run.summary()
-    assert float(summary["test_accuracy"]) >= ACCURACY_BAR
-    assert summary["global_step"] == "2000"
-    metrics = json.loads(metrics_file.read_text())
-    assert metrics["test_accuracy"] == pytest.approx(float(summary["test_accuracy"]), abs=1e-4)
-    assert metrics["history"], "the accuracy history is recorded"
-
-
 def test_distributed_setup_reaches_the_accuracy_bar_and_every_process_exits(run_example,
                                                                              tmp_path):
     run = run_example("Distributed-Setup", timeout=180)
     assert run.code == 0, run.output[-3000:]
     summary = run.summary()
     assert float(summary["test_accuracy"]) >= ACCURACY_BAR
-    assert summary["workers"] == "1" and summary["global_step"] == "2000"
+    local_steps = [int(s) for s in summary["local_steps"].split(",")]
+    assert summary["workers"] == "2" and len(local_steps) == 2 and summary["lost_workers"] == "0"
+    assert 2000 <= int(summary["global_step"]) == sum(local_steps) <= 2001  # one late step at most
     for key in ("wall_seconds", "steps_per_sec", "examples_per_sec"):
         assert float(summary[key]) > 0
-    assert "[ps0] all 1 worker(s) done; shutting down" in run.output
+    assert "[ps0] all 2 worker(s) done; shutting down" in run.output
     assert "[run.sh] all processes finished" in run.output
     # the chief wrote real checkpoints and TensorBoard events
     names = os.listdir(tmp_path / "logs")
     assert "checkpoint" in names and any(n.startswith("events.out.tfevents") for n in names)
 
 
-def test_with_two_workers_the_global_step_counts_every_worker_step(run_example):
-    run = run_example("Distributed-Setup", "--steps", "600", env={"NUM_WORKERS": "2"})
+def test_one_worker_alone_trains_every_step_itself(run_example):
+    run = run_example("Distributed-Setup", "--steps", "300", env={"NUM_WORKERS": "1"})
     assert run.code == 0, run.output[-3000:]
     summary = run.summary()
-    local_steps = [int(s) for s in summary["local_steps"].split(",")]
-    assert len(local_steps) == 2 and all(s > 0 for s in local_steps)
-    assert sum(local_steps) == int(summary["global_step"])
-    assert "[worker1] done: local_steps=%d" % local_steps[1] in run.output
+    assert summary["workers"] == "1" and summary["local_steps"] == summary["global_step"] == "300"
+    assert "[ps0] all 1 worker(s) done; shutting down" in run.output
 
 
 def test_two_parameter_servers_share_the_variables_and_both_exit(run_example):
@@ -75,9 +64,10 @@ def test_non_chief_workers_start_training_within_seconds_of_the_chief(run_exampl
 
 def test_a_rerun_with_the_same_log_dir_resumes_from_the_checkpoint(run_example, tmp_path):
     log_dir = str(tmp_path / "resume")
-    first = run_example("Distributed-Setup", "--steps", "300", log_dir=log_dir)
+    one_worker = {"NUM_WORKERS": "1"}
+    first = run_example("Distributed-Setup", "--steps", "300", log_dir=log_dir, env=one_worker)
     assert first.code == 0 and first.summary()["global_step"] == "300", first.output[-3000:]
-    second = run_example("Distributed-Setup", "--steps", "500", log_dir=log_dir)
+    second = run_example("Distributed-Setup", "--steps", "500", log_dir=log_dir, env=one_worker)
     assert second.code == 0, second.output[-3000:]
     assert "resuming from the checkpoint at global step 300" in second.output
     summary = second.summary()
@@ -86,20 +76,40 @@ def test_a_rerun_with_the_same_log_dir_resumes_from_the_checkpoint(run_example, 
 
 def test_the_default_log_dir_is_new_for_every_run(tmp_path):
     train = load_train_module("Distributed-Setup")
-    first = train.default_log_dir()
+    first = train.parse_flags([], train.example_flags).log_dir
     time.sleep(1.1)  # the folder name has one-second resolution plus the process id
-    assert train.default_log_dir() != first
+    assert train.parse_flags([], train.example_flags).log_dir != first
 
 
 def test_a_worker_killed_mid_run_does_not_hang_the_others(tmp_path):
-    run = kill_mid_run("Distributed-Setup", tmp_path, ["--steps", "3000"],
-                       env={"NUM_WORKERS": "2"})  # the chief trains on alone, then all exit
+    run = kill_mid_run("Distributed-Setup", tmp_path, ["--steps", "3000"])  # the chief goes on
     assert run.code == 1
     summary = run.summary()
     assert summary["global_step"] == "3000" and summary["lost_workers"] == "1"
     assert float(summary["test_accuracy"]) >= ACCURACY_BAR
     assert "[ps0] error: worker(s) 1 failed or were lost" in run.output
     assert "worker1 (exit 137)" in run.output
+    assert_nothing_left(str(tmp_path))
+
+
+def test_a_lost_chief_stops_the_run_with_the_command_that_resumes_it(tmp_path):
+    # Without the chief nobody saves checkpoints or reports, so run.sh stops the others at once
+    # and prints the exact command that carries on from the chief's last checkpoint.
+    run = kill_mid_run("Distributed-Setup", tmp_path, ["--steps", "3000"], victim="worker0")
+    assert run.code == 1, run.output[-3000:]
+    assert time.time() - run.killed_at < 60
+    assert "[run.sh] failed: worker0 (exit 137); stopping the others" in run.output
+    resume = [l for _, l in run.lines if "resume from its last checkpoint with: " in l]
+    assert len(resume) == 1 and "the chief (worker0) failed" in resume[0], run.output[-3000:]
+    command = resume[0].split("with: ", 1)[1]
+    assert "--log_dir %s" % (tmp_path / "logs") in command and "--steps 3000" in command
+    assert_nothing_left(str(tmp_path))
+    resumed = finish(subprocess.Popen(command, shell=True, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True,
+                                      start_new_session=True), timeout=180)
+    assert resumed.code == 0, resumed.output[-3000:]
+    assert "resuming from the checkpoint at global step" in resumed.output
+    assert float(resumed.summary()["test_accuracy"]) >= ACCURACY_BAR
     assert_nothing_left(str(tmp_path))
 
 
@@ -137,18 +147,22 @@ def cluster(ps=None, workers=None):
     (["--job_name", "worker", "--task_index", "2"] + cluster(workers=[None, None]),
      "task index 2 is out of range: the worker job has 2 task(s), 0..1"),
     (["--job_name", "ps", "--ps_hosts", "localhost", "--worker_hosts", "localhost:1"],
-     "--ps_hosts: 'localhost' is not host:port"),
+     "ps hosts: 'localhost' is not host:port"),
     (["--job_name", "worker", "--ps_hosts", "localhost:1", "--worker_hosts", "a:2,,b:3"],
-     "--worker_hosts: '' is not host:port"),
-    (["--job_name", "worker", "--dataset", "cifar"] + cluster(), "unknown dataset 'cifar'"),
-    (["--job_name", "worker", "--steps", "0"] + cluster(), "--steps must be positive"),
+     "worker hosts: '' is not host:port"),
+    (["--job_name", "worker", "--dataset", "cifar"] + cluster(), "invalid choice: 'cifar'"),
+    (["--job_name", "worker", "--steps", "0"] + cluster(), "--steps must be positive, got 0"),
     (["--job_name", "worker", "--steps", "many"] + cluster(), "invalid int value: 'many'"),
+    (["--job_name", "worker", "--learning_rate", "-1"] + cluster(), "--learning_rate must be"),
+    (["--job_name", "worker", "--task_index", "-1"] + cluster(), "--task_index must be 0 or"),
 ])
-def test_bad_input_gets_one_clear_line_and_a_non_zero_exit(args, message):
+def test_bad_input_gets_one_clear_line_and_a_non_zero_exit_before_tensorflow_loads(args, message):
+    started = time.time()
     code, _, stderr = run_train("Distributed-Setup", args)
     assert code == 2
+    assert stderr.splitlines() == error_lines(stderr), "only our line, no start-up noise"
     assert len(error_lines(stderr)) == 1 and message in error_lines(stderr)[0], stderr
-    assert "Traceback" not in stderr
+    assert time.time() - started < 3, "TensorFlow was loaded before the flags were checked"
 
 
 def test_a_port_already_in_use_is_reported(tmp_path):
@@ -160,7 +174,7 @@ def test_a_port_already_in_use_is_reported(tmp_path):
         code, _, stderr = run_train("Distributed-Setup", ["--job_name", "ps"] + cluster(ps=port))
     finally:
         busy.close()
-    assert code == 2 and "port %d (ps 0) is already in use" % port in stderr, stderr
+    assert code == 2 and "ps 0: port localhost:%d is already in use" % port in stderr, stderr
     assert "Traceback" not in stderr
 
 
@@ -168,7 +182,7 @@ def test_an_unreachable_parameter_server_is_reported_after_the_timeout():
     started = time.time()
     code, _, stderr = run_train("Distributed-Setup", ["--job_name", "worker",
                                                       "--connect_timeout", "2"] + cluster())
-    assert code == 2 and "cannot reach ps 0 at localhost:" in stderr, stderr
+    assert code == 2 and "cannot reach the ps at localhost:" in stderr, stderr
     assert time.time() - started < 30
     assert "Traceback" not in stderr
 
@@ -185,11 +199,11 @@ def test_run_sh_rejects_a_bad_worker_count(tmp_path):
 
 
 # --- Cluster from flags or TF_CONFIG --------------------------------------------------------------
-def parse(argv, env=None, monkeypatch=None):
+def parse(argv):
     train = load_train_module("Distributed-Setup")
-    parser = train.common_flags("test")
-    train.cluster_flags(parser)
-    return train.resolve_cluster(parser.parse_args(argv))
+    args = train.parse_flags(argv, train.example_flags)
+    cluster = train.resolve_cluster(args)
+    return cluster, args.job_name, args.task_index
 
 
 def test_the_cluster_comes_from_the_flags(monkeypatch):
@@ -215,6 +229,29 @@ def test_a_tf_config_chief_becomes_worker_0_and_the_workers_follow(monkeypatch):
     monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": spec,
                                                 "task": {"type": "worker", "index": 1}}))
     assert parse([])[1:] == ("worker", 2)
+
+
+@pytest.mark.parametrize("task, expected", [
+    ({"type": "master", "index": 0}, ("worker", 0)),  # SageMaker and old Cloud ML name the chief so
+    ({"type": "worker", "index": 0}, ("worker", 1)),
+    ({"type": "ps", "index": 0}, ("ps", 0)),
+])
+def test_tf_config_as_operators_write_it_with_master_evaluator_and_environment(
+        monkeypatch, task, expected):
+    spec = {"master": ["m:2222"], "ps": ["p:2222"], "worker": ["w0:2222"],
+            "evaluator": ["e:2222"]}
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": spec, "task": task,
+                                                "environment": "cloud", "rpc_layer": "grpc"}))
+    cluster, job, index = parse([])
+    assert cluster == {"ps": ["p:2222"], "worker": ["m:2222", "w0:2222"]}  # no evaluator
+    assert (job, index) == expected
+
+
+def test_an_evaluator_task_has_nothing_to_do_and_exits_cleanly():
+    spec = {"chief": ["c:2222"], "ps": ["p:2222"], "evaluator": ["e:2222"]}
+    code, stdout, stderr = run_train("Distributed-Setup", [], env={"TF_CONFIG": json.dumps(
+        {"cluster": spec, "task": {"type": "evaluator", "index": 0}})}, timeout=30)
+    assert code == 0 and "nothing to do" in stdout and not error_lines(stderr), stderr
 
 
 def test_cluster_flags_win_over_tf_config(monkeypatch):
@@ -255,16 +292,9 @@ def test_the_mnist_path_trains_end_to_end_on_a_tiny_file(run_example, tmp_path):
     path = tmp_path / "tiny.npz"
     write_tiny_mnist(path, train=256, test=64, seed=1)
     run = run_example("Distributed-Setup", "--dataset", "mnist", "--data_path", str(path),
-                      "--steps", "20")
+                      "--steps", "20", env={"NUM_WORKERS": "1"})
     assert run.code == 0, run.output[-3000:]
     assert run.summary()["global_step"] == "20"
-
-
-def test_a_missing_mnist_file_is_reported_in_one_line(tmp_path):
-    code, _, stderr = run_train("Non-Distributed-Setup", [
-        "--dataset", "mnist", "--data_path", str(tmp_path / "nope.npz"), "--log_dir",
-        str(tmp_path / "logs")])
-    assert code == 2 and "could not load MNIST" in stderr and "Traceback" not in stderr
 
 
 def batches_of(train, worker, num_workers, n):

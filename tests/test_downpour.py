@@ -5,60 +5,19 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import (assert_nothing_left, assert_one_push_per_window, assert_trained_to_the_bar,
-                      in_process_cluster, kill_mid_run, load_train_module, run_with_defaults)
+from conftest import (ACCURACY_BAR, assert_nothing_left, assert_one_push_per_window, assert_same,
+                      assert_trained_to_the_bar, differs, fixed_batch, flags, in_process_cluster,
+                      kill_mid_run, load_train_module, one_worker_session, run_with_defaults,
+                      values, worker_config)
 
-ACCURACY_BAR = 0.95
 downpour = load_train_module("DOWNPOUR")
-
-
-# --- Helpers: a real cluster inside the test process, driven op by op -----------------------------
-
-def flags(*argv):
-    parser = downpour.common_flags("test")
-    downpour.cluster_flags(parser)
-    downpour.downpour_flags(parser)
-    return parser.parse_args(["--hidden", "8"] + list(argv))
-
-
-def fixed_batch(n=16, features=5, seed=0):
-    rng = np.random.default_rng(seed)
-    return (tf.constant(rng.normal(size=(n, features)).astype(np.float32)),
-            tf.constant(rng.integers(0, 10, n)))
-
-
-def values(session, params):
-    return {name: v for name, v in zip(params, session.run(list(params.values())))}
-
-
-def assert_same(a, b):
-    for name in a:
-        np.testing.assert_allclose(a[name], b[name], rtol=1e-6, atol=1e-7, err_msg=name)
-
-
-def differs(a, b):
-    return any(not np.allclose(a[name], b[name], rtol=1e-6, atol=1e-7) for name in a)
-
-
-def one_worker_session(args, cluster, server, batch):
-    """Build DOWNPOUR for worker 0 in a new graph and initialise it as the chief would."""
-    graph = tf.Graph()
-    with graph.as_default():
-        ops = downpour.build_downpour(args, cluster, *batch())
-        init = [tf.compat.v1.global_variables_initializer(),
-                tf.compat.v1.local_variables_initializer()]
-    session = tf.compat.v1.Session(server.target, graph=graph,
-                                   config=downpour.session_config(0))
-    session.run(init[0])
-    session.run(init[1])  # after the globals: the local copies start from the ps
-    return ops, session
 
 
 # --- The algorithm, op by op ----------------------------------------------------------------------
 def test_downpour_places_the_parameters_on_the_ps_and_the_local_copies_on_the_worker():
     cluster, _ = in_process_cluster()
     with tf.Graph().as_default():
-        ops = downpour.build_downpour(flags("--local_optimizer", "adagrad"), cluster,
+        ops = downpour.build_downpour(flags(downpour, "--local_optimizer", "adagrad"), cluster,
                                       *fixed_batch())
         for v in tf.compat.v1.global_variables():  # parameters, ps Adagrad state, global_step
             assert v.device.startswith("/job:ps/task:0"), (v.name, v.device)
@@ -70,8 +29,8 @@ def test_downpour_places_the_parameters_on_the_ps_and_the_local_copies_on_the_wo
 
 def test_downpour_local_params_drift_from_the_ps_between_pushes_and_equal_it_after_a_pull():
     cluster, (worker,) = in_process_cluster()
-    args = flags("--window", "3")
-    ops, s = one_worker_session(args, cluster, worker, fixed_batch)
+    args = flags(downpour, "--window", "3")
+    ops, s = one_worker_session(downpour.build_downpour, args, cluster, worker)
     start = values(s, ops.global_params)
     assert_same(values(s, ops.local_params), start)
     for _ in range(args.window):
@@ -89,8 +48,8 @@ def test_downpour_local_params_drift_from_the_ps_between_pushes_and_equal_it_aft
 
 def test_downpour_pushes_the_accumulated_gradient_through_adagrad_on_the_ps():
     cluster, (worker,) = in_process_cluster()
-    args = flags("--window", "4", "--learning_rate", "0.05", "--ps_learning_rate", "0.2")
-    ops, s = one_worker_session(args, cluster, worker, fixed_batch)
+    args = flags(downpour, "--window", "4", "--learning_rate", "0.05", "--ps_learning_rate", "0.2")
+    ops, s = one_worker_session(downpour.build_downpour, args, cluster, worker)
     start = values(s, ops.global_params)
     for _ in range(args.window):
         s.run(ops.local_step)
@@ -110,8 +69,8 @@ def test_downpour_pushes_the_accumulated_gradient_through_adagrad_on_the_ps():
 
 def test_downpour_local_adagrad_scales_each_step_by_the_squared_gradients_so_far():
     cluster, (worker,) = in_process_cluster()
-    args = flags("--local_optimizer", "adagrad", "--learning_rate", "0.1")
-    ops, s = one_worker_session(args, cluster, worker, fixed_batch)
+    args = flags(downpour, "--local_optimizer", "adagrad", "--learning_rate", "0.1")
+    ops, s = one_worker_session(downpour.build_downpour, args, cluster, worker)
     start = values(s, ops.local_params)
     s.run(ops.local_step)
     g = values(s, ops.accumulated_gradients)  # one step: the accumulator holds its gradient
@@ -125,7 +84,7 @@ def test_downpour_every_local_step_uses_a_new_batch():
     ids = np.arange(400)
     data = downpour.Dataset(ids.reshape(-1, 1), ids % 10, ids[:1].reshape(-1, 1), ids[:1], 1)
     cluster, (worker,) = in_process_cluster()
-    args = flags("--window", "4", "--batch_size", "32")
+    args = flags(downpour, "--window", "4", "--batch_size", "32")
     with tf.Graph().as_default() as graph:
         x, y = downpour.training_batches(data, args.batch_size, 0, 1, seed=0)
         ops = downpour.build_downpour(args, cluster, x, y)
@@ -133,7 +92,7 @@ def test_downpour_every_local_step_uses_a_new_batch():
                 tf.compat.v1.local_variables_initializer()]
     seen = []
     with tf.compat.v1.Session(worker.target, graph=graph,
-                              config=downpour.session_config(0)) as s:
+                              config=worker_config(0)) as s:
         s.run(init[0])
         s.run(init[1])
         for _ in range(3):  # three windows, each ended by a push and a pull
@@ -149,25 +108,27 @@ def test_downpour_workers_start_from_the_ps_values_through_the_session_barrier()
     # Worker 1 asks for its session before the chief has initialised anything. It must wait,
     # then take its local copy from the ps: the chief's values (seed 1), not its own (seed 0).
     cluster, workers = in_process_cluster(num_workers=2)
-    worker1_args = flags("--task_index", "1", "--connect_timeout", "30")
+    worker1_args = flags(downpour, "--task_index", "1", "--connect_timeout", "30")
     with tf.Graph().as_default() as worker1_graph:
         worker1 = downpour.build_downpour(worker1_args, cluster, *fixed_batch())
+        log = downpour.TrainingLog(worker1_args, cluster, worker1.global_params, downpour.Dataset(
+            None, None, np.zeros((2, 5), np.uint8), np.zeros(2, np.int64), pixel_max=1))
     ready = {}
 
     def join_as_worker1():
         with worker1_graph.as_default():
-            ready["session"] = downpour.training_session(worker1_args, workers[1], False, [])
+            ready["session"] = log.training_session(workers[1], last_step=10)
     joining = threading.Thread(target=join_as_worker1, daemon=True)
     joining.start()
     joining.join(1.0)
     assert "session" not in ready, "worker 1 started before the chief initialised the ps"
 
-    chief_args = flags("--seed", "1")
+    chief_args = flags(downpour, "--seed", "1")
     with tf.Graph().as_default() as chief_graph:
         chief = downpour.build_downpour(chief_args, cluster, *fixed_batch())
         init = tf.compat.v1.global_variables_initializer()
     with tf.compat.v1.Session(workers[0].target, graph=chief_graph,
-                              config=downpour.session_config(0)) as s:
+                              config=worker_config(0)) as s:
         s.run(init)
         on_ps = values(s, chief.global_params)
     joining.join(30)

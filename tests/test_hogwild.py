@@ -4,19 +4,17 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import (assert_nothing_left, assert_trained_to_the_bar, finish, in_process_cluster,
-                      kill_mid_run, load_train_module, run_with_defaults, start_example)
+from conftest import (ACCURACY_BAR, assert_nothing_left, assert_trained_to_the_bar, finish, flags,
+                      in_process_cluster, kill_mid_run, load_train_module, run_with_defaults,
+                      start_example, worker_config)
 
-ACCURACY_BAR = 0.95
 hogwild = load_train_module("Hogwild")
 
 
 
 def worker_graph(cluster, task_index):
     """Worker task_index's own graph, as its train.py builds it (between-graph replication)."""
-    parser = hogwild.common_flags("test")
-    hogwild.cluster_flags(parser)
-    args = parser.parse_args(["--hidden", "8", "--task_index", str(task_index)])
+    args = flags(hogwild, "--task_index", str(task_index))
     rng = np.random.default_rng(task_index)  # each worker its own mini-batch
     with tf.Graph().as_default() as graph:
         ops = hogwild.build_hogwild(args, cluster, tf.constant(rng.random((16, 5), np.float32)),
@@ -35,9 +33,9 @@ def test_hogwild_parameters_are_shared_on_the_ps_a_write_through_one_worker_is_r
         for v in list(ops.global_params.values()) + [ops.global_step]:
             assert v.device.startswith("/job:ps/task:0"), (v.name, v.device)
     s0 = tf.compat.v1.Session(workers[0].target, graph=graph0,
-                              config=hogwild.session_config(0))
+                              config=worker_config(0))
     s1 = tf.compat.v1.Session(workers[1].target, graph=graph1,
-                              config=hogwild.session_config(1))
+                              config=worker_config(1))
     with s0, s1:
         s0.run(init)  # only worker 0 initialises; worker 1 reads the same variables
         written = np.full(ops0.global_params["w1"].shape, 0.25, np.float32)
@@ -68,7 +66,9 @@ def test_hogwild_final_global_step_is_the_sum_of_the_workers_local_steps(default
     local_steps = [int(s) for s in summary["local_steps"].split(",")]
     assert len(local_steps) == 2 and all(s > 0.2 * sum(local_steps) for s in local_steps)
     assert int(summary["global_step"]) == sum(local_steps)
-    assert 2000 <= int(summary["global_step"]) <= 2001  # at most one late step of the other
+    # each worker stops once a step shows it the global step at --steps; the steps of the other
+    # worker that were already under way still land
+    assert 2000 <= int(summary["global_step"]) <= 2003
 
 
 def test_hogwild_a_worker_killed_mid_run_does_not_hang_the_others(tmp_path):

@@ -1,0 +1,43 @@
+"""Non-Distributed-Setup, the baseline: one process trains the shared problem to the bar."""
+import json
+import os
+
+import pytest
+
+from conftest import ACCURACY_BAR, error_lines, run_train
+
+
+def test_non_distributed_setup_reaches_the_accuracy_bar_with_its_defaults(run_example, tmp_path):
+    metrics_file = tmp_path / "metrics.json"
+    run = run_example("Non-Distributed-Setup", "--metrics_file", str(metrics_file), timeout=120)
+    assert run.code == 0, run.output[-3000:]
+    summary = run.summary()
+    assert float(summary["test_accuracy"]) >= ACCURACY_BAR
+    assert summary["global_step"] == "2000"
+    metrics = json.loads(metrics_file.read_text())
+    assert metrics["test_accuracy"] == pytest.approx(float(summary["test_accuracy"]), abs=1e-4)
+    assert metrics["history"], "the accuracy history is recorded"
+    names = os.listdir(tmp_path / "logs")
+    assert "checkpoint" in names and any(n.startswith("events.out.tfevents") for n in names)
+
+
+def test_a_rerun_with_the_same_log_dir_resumes_from_the_checkpoint(run_example, tmp_path):
+    log_dir = str(tmp_path / "resume")
+    first = run_example("Non-Distributed-Setup", "--steps", "300", log_dir=log_dir)
+    assert first.code == 0 and first.summary()["global_step"] == "300", first.output[-3000:]
+    second = run_example("Non-Distributed-Setup", "--steps", "500", log_dir=log_dir)
+    assert "resuming from the checkpoint at global step 300" in second.output
+    assert second.summary()["global_step"] == "500" and second.summary()["updates"] == "200"
+
+
+def test_bad_input_gets_one_line_before_tensorflow_loads(tmp_path):
+    code, _, stderr = run_train("Non-Distributed-Setup", ["--batch_size", "0"])
+    assert code == 2 and error_lines(stderr) == stderr.splitlines() == [
+        "error: --batch_size must be positive, got 0"], stderr
+
+
+def test_a_missing_mnist_file_is_reported_in_one_line(tmp_path):
+    code, _, stderr = run_train("Non-Distributed-Setup", [
+        "--dataset", "mnist", "--data_path", str(tmp_path / "nope.npz"), "--log_dir",
+        str(tmp_path / "logs")])
+    assert code == 2 and "could not load MNIST" in stderr and "Traceback" not in stderr
