@@ -90,12 +90,14 @@ def tool_path(name):
 
 def run_command(command):
     """Run one short command (ip, tc) and return its output; any failure is a SetupError."""
+    SIGNALS.check()
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=COMMAND_SECS)
     except subprocess.TimeoutExpired:
         raise SetupError("`%s` took more than %d s" % (" ".join(command), COMMAND_SECS))
     except OSError as e:
         raise SetupError("cannot run `%s`: %s" % (command[0], e))
+    SIGNALS.check()  # a Ctrl-C reaches the command too: report the signal, not its failure
     if done.returncode != 0:
         raise SetupError("`%s` failed: %s" % (" ".join(command),
                                                done.stderr.strip() or "exit %d" % done.returncode))
@@ -334,6 +336,7 @@ def tf_config(cluster, task):
 
 def start_task(task, network, cluster, train_py, train_args, console):
     """Start train.py in the task's namespace, in a process group of its own, TF_CONFIG only."""
+    SIGNALS.check()
     env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
     env.update(TF_CONFIG=tf_config(cluster, task), PYTHONUNBUFFERED="1")
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -371,6 +374,7 @@ def supervise(tasks, console, deadline, keep_going):
     failed = []
     workers = [t for t in tasks if t.job == "worker"]
     while any(t.running() for t in workers):
+        SIGNALS.check()
         failed += [t.describe_exit() for t in reap(tasks)]
         if failed and (not keep_going or any(f.startswith("ps") for f in failed)):
             console.say("failed: %s; stopping the cluster" % ", ".join(failed))
@@ -382,6 +386,7 @@ def supervise(tasks, console, deadline, keep_going):
     # the parameter servers exit by themselves once every worker has left; bound that wait
     ps_deadline = min(deadline, time.time() + PS_EXIT_SECS)
     while any(t.running() for t in tasks):
+        SIGNALS.check()
         failed += [t.describe_exit() for t in reap(tasks)]
         if any(t.running() for t in tasks) and time.time() > ps_deadline:
             console.say("the parameter servers did not exit %d s after the workers"
@@ -411,24 +416,41 @@ def stop_tasks(tasks):
 
 
 class SignalTrap(object):
-    """Turn the first SIGINT, SIGTERM or SIGHUP into Interrupted in the main thread.
+    """Notes SIGINT, SIGTERM and SIGHUP; the tool raises Interrupted at points of its choosing.
 
-    Later signals are only noted, so the clean-up the first one starts is never cut short."""
+    The handler itself never raises: an exception thrown into whatever the main thread is doing
+    can leave a lock taken (in subprocess or print) and hang the clean-up. Instead every command,
+    every poll of the tasks and every start of one calls check(), which raises Interrupted once,
+    for the first signal, unless the clean-up has begun, which nothing may cut short.
+    """
     SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
-    def __enter__(self):
-        self.received = None
-        self.previous = {s: signal.signal(s, self.handle) for s in self.SIGNALS}
-        return self
+    def __init__(self):
+        self.received, self.raising, self.previous = None, False, {}
 
-    def handle(self, signum, frame):
-        if self.received is None:
-            self.received = signum
-            raise Interrupted(signum)
+    def install(self):
+        self.received, self.raising = None, True
+        self.previous = {s: signal.signal(s, self.note) for s in self.SIGNALS}
 
-    def __exit__(self, *exc):
+    def note(self, signum, frame):
+        self.received = self.received or signum
+
+    def check(self):
+        if self.received and self.raising:
+            self.raising = False
+            raise Interrupted(self.received)
+
+    def stop_raising(self):
+        self.raising = False
+
+    def restore(self):
         for s, handler in self.previous.items():
             signal.signal(s, handler)
+        self.previous = {}
+
+
+# the tool's one trap; as a library (the tests' Network) it is not installed and never raises
+SIGNALS = SignalTrap()
 
 
 # ==================================================================================================
@@ -598,7 +620,6 @@ def run_cluster(args, train_py, train_args):
         os.remove(metrics_file)  # a failed run must not leave an earlier run's figures behind
     train_args = list(train_args) + ["--log_dir", log_dir, "--metrics_file", metrics_file]
     status, network = 1, None
-    trap = SignalTrap()
 
     def clean_up():
         stop_tasks(tasks)
@@ -635,22 +656,21 @@ def run_cluster(args, train_py, train_args):
                 json.dump(metrics, f, indent=1)
         return status
 
-    with trap:
-        try:
-            try:
-                status = run()
-            except SetupError as e:
-                status = error(str(e))
-        except Interrupted as e:  # raised at most once: the trap ignores later signals
-            console.say("interrupted by %s: stopping every task" % e)
-            status = 128 + e.signum
-        finally:
-            try:
-                clean_up()
-            except Interrupted as e:  # the signal came just as the clean-up began: start again
-                status = 128 + e.signum
-                clean_up()
-            shutil.rmtree(scratch, ignore_errors=True)
+    SIGNALS.install()
+    try:
+        status = run()
+    except SetupError as e:
+        status = error(str(e))
+    except Interrupted as e:
+        console.say("interrupted by %s: stopping every task" % e)
+        status = 128 + e.signum
+    finally:
+        SIGNALS.stop_raising()  # a signal now changes the exit status, not the clean-up
+        clean_up()
+        shutil.rmtree(scratch, ignore_errors=True)
+        SIGNALS.restore()
+    if SIGNALS.received and status < 128:
+        status = 128 + SIGNALS.received
     return status
 
 

@@ -249,6 +249,21 @@ def test_ctrl_c_mid_run_stops_every_task_and_removes_every_namespace(tmp_path):
 
 @pytest.mark.cluster
 @needs_namespaces
+def test_ctrl_c_while_the_namespaces_are_made_removes_the_ones_made_so_far(tmp_path):
+    proc = start_tool(["Hogwild", "--bandwidth", "20mbit", "--log_dir", str(tmp_path / "logs")])
+    try:
+        read_until(proc, "[cluster] 1 ps + 2 worker(s)", timeout=30)  # printed just before
+        os.killpg(proc.pid, signal.SIGINT)
+        run = finish(proc, timeout=60)
+    finally:
+        assert_run_left_nothing(proc, tmp_path)
+    assert run.code == 128 + signal.SIGINT, run.output[-3000:]
+    assert "[cluster] interrupted by SIGINT: stopping every task" in run.output
+    assert "error:" not in run.output  # the signal is reported, not the command it cut short
+
+
+@pytest.mark.cluster
+@needs_namespaces
 def test_a_worker_killed_mid_run_fails_the_run_and_leaves_nothing(tmp_path):
     proc = start_tool(["Hogwild", "--log_dir", str(tmp_path / "logs"), "--timeout", "120",
                        "--", "--steps", "1000000", "--log_every", "50"])
