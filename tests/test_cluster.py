@@ -7,6 +7,7 @@ that no process and no namespace of its run is left.
 import json
 import os
 import re
+import select
 import shutil
 import signal
 import subprocess
@@ -161,7 +162,8 @@ def transfer_rate(network, source, destination, size, marker):
         address, str(port)] + list(args) + [marker]
     receiver = subprocess.Popen(run_in(destination, RECEIVER), stdout=subprocess.PIPE, text=True)
     try:
-        assert receiver.stdout.readline().strip() == "ready"
+        ready, _, _ = select.select([receiver.stdout], [], [], 20)  # bounded: a hung receiver
+        assert ready and receiver.stdout.readline().strip() == "ready"
         sent = subprocess.run(run_in(source, SENDER, str(size)), capture_output=True, text=True,
                               timeout=30)
         assert sent.returncode == 0, sent.stderr
