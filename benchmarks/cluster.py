@@ -29,12 +29,13 @@ The network, all of it made by this tool and removed again when it ends (<pid> i
 
 The host's own network namespace is never touched: no interface, address or route is added to
 it. The task namespaces have no route beyond their subnet, so a task can reach only its own
-loopback and the other tasks of the run. With --bandwidth, a tbf qdisc limits each link both
-ways: on eth0 inside the task's namespace (what the task sends) and on its bridge port inside the
-switch namespace (what the task receives). The tool exits with 0 when every task did; 1 when a
-task failed or the run timed out; 2 for bad input or a machine that cannot do this; 128+N after
-signal N (Ctrl-C: 130). In every case it stops every task it started and deletes every namespace
-it made (and with them the veth pairs and the bridge).
+loopback and the other tasks of the run (so nothing downloads: give --dataset mnist a local
+--data_path). With --bandwidth, a tbf qdisc limits each link both ways: on eth0 inside the
+task's namespace (what the task sends) and on its bridge port inside the switch namespace (what
+the task receives). The tool exits with 0 when every task did; 1 when a task failed or the run
+timed out; 2 for bad input or a machine that cannot do this; 128+N after signal N (Ctrl-C: 130).
+In every case it stops every task it started and deletes every namespace it made (and with them
+the veth pairs and the bridge).
 
 Needs: Linux, root (namespaces and qdiscs), iproute2's `ip` (and `tc` for --bandwidth), and the
 examples' own Python packages (TensorFlow) in the Python that runs this script. A run killed
@@ -478,7 +479,8 @@ def traffic_report(roles, before, after, metrics, rate):
               "busiest_link": {"host": busiest[1], "direction": busiest[2].split("_")[0],
                                "bytes": busiest[0]}}
     if metrics and metrics.get("local_steps"):
-        mini_batches = sum(metrics["local_steps"])  # computed by the workers, over the whole run
+        # computed by the workers over the whole run; a lost worker's count is -1
+        mini_batches = sum(s for s in metrics["local_steps"] if s > 0)
         report["mini_batches"] = mini_batches
         report["bytes_per_mini_batch"] = report["total_bytes"] / max(mini_batches, 1)
         report["mini_batches_per_sec"] = metrics.get("steps_per_sec")
@@ -505,9 +507,10 @@ def print_report(console, report, status):
         console.say("total %s (no summary from the chief: no figures per mini-batch)"
                     % megabytes(report["total_bytes"]))
     if "bound_mini_batches_per_sec" in report:
-        console.say("busiest link: %s %s %s; at %s that takes at least %.1f s, so the bandwidth "
-                    "bound is %.1f mini-batches/s" % (
+        console.say("busiest link: %s %s %s (%.1f kB per mini-batch); at %s that takes at "
+                    "least %.1f s, so the bandwidth bound is %.1f mini-batches/s" % (
                         link["host"], link["direction"], megabytes(link["bytes"]),
+                        link["bytes"] / 1e3 / report["mini_batches"],
                         format_rate(report["bandwidth_bits_per_sec"]), report["bound_seconds"],
                         report["bound_mini_batches_per_sec"]))
     if "fraction_of_bound" in report:

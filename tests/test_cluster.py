@@ -216,6 +216,25 @@ def test_tbf_sizes_are_sane_at_low_and_high_rates():
     assert cluster_tool.parse_rate("unlimited") is None
 
 
+def test_the_bound_is_the_busiest_direction_of_the_busiest_link_over_its_rate():
+    roles = ["ps0", "worker0", "worker1"]
+    before = {r: (1000, 1000) for r in roles}  # counters before the run are taken off
+    after = {"ps0": (1000 + 4 * 10 ** 6, 1000 + 5 * 10 ** 6),
+             "worker0": (1000 + 2 * 10 ** 6, 1000 + 2 * 10 ** 6),
+             "worker1": (1000 + 3 * 10 ** 6, 1000 + 2 * 10 ** 6)}
+    metrics = {"local_steps": [60, 40, -1], "steps_per_sec": 4.0}  # -1: a lost worker
+    report = cluster_tool.traffic_report(roles, before, after, metrics, 8 * 10 ** 6)
+    assert report["total_bytes"] == 9 * 10 ** 6
+    assert report["busiest_link"] == {"host": "ps0", "direction": "received", "bytes": 5 * 10 ** 6}
+    assert report["mini_batches"] == 100 and report["bytes_per_mini_batch"] == 9 * 10 ** 4
+    # 5 MB at 8 Mbit/s (1 MB/s) take at least 5 s: at most 100 / 5 = 20 mini-batches/s
+    assert report["bound_seconds"] == pytest.approx(5.0)
+    assert report["bound_mini_batches_per_sec"] == pytest.approx(20.0)
+    assert report["fraction_of_bound"] == pytest.approx(0.2)
+    unlimited = cluster_tool.traffic_report(roles, before, after, metrics, None)
+    assert "bound_mini_batches_per_sec" not in unlimited and "fraction_of_bound" not in unlimited
+
+
 # ==================================================================================================
 # Interruptions and failures leave nothing behind
 # ==================================================================================================
