@@ -120,7 +120,7 @@ def check_machine(needs_tc):
 # The network: a switch namespace with a bridge, and one namespace per host
 # ==================================================================================================
 def parse_rate(text):
-    """A rate in tc's units ('20mbit', '1gbit', '500kbit') -> bits per second; 'unlimited' -> None."""
+    """A rate in tc's units (20mbit, 1gbit, 500kbit) -> bits per second; unlimited -> None."""
     if text.strip().lower() == "unlimited":
         return None
     match = re.fullmatch(r"(\d+(?:\.\d+)?)([kmg]?bit)", text.strip().lower())

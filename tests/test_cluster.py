@@ -42,7 +42,7 @@ def namespaces_with_prefix(prefix):
 
 
 def start_tool(args, env=None):
-    """cluster.py in its own session (SIGINT at its default), so a test can always stop all of it."""
+    """cluster.py in its own session (SIGINT at its default), so a test can always stop it all."""
     return subprocess.Popen([sys.executable, CLUSTER_PY] + list(args), cwd=ROOT,
                             env=dict(os.environ, **(env or {})), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
