@@ -1,0 +1,681 @@
+"""Run one example as a cluster of separate hosts on this Linux machine, and count its bytes.
+
+On localhost a message between two tasks costs a small fixed time whatever its size, so a
+distributed run is only ever slower than one process and never limited by the network. This
+tool gives every parameter server and every worker a host of its own: a network namespace with
+its own interface and IP address, all of them joined by a bridge, and optionally a bandwidth
+limit on each host's link. The traffic then crosses links that can be slow, and the interface
+counters tell how many bytes each host sent and received.
+
+    sudo python benchmarks/cluster.py Hogwild                     # 1 ps + 2 workers, unlimited
+    sudo python benchmarks/cluster.py DOWNPOUR --bandwidth 20mbit -- --steps 2000 --window 5
+    sudo python benchmarks/cluster.py Sync-SGD --workers 3 --metrics_file sync.json
+
+Everything after `--` goes to every train.py. Each task runs as
+`ip netns exec <namespace> python EXAMPLE/train.py ARGS`, configured only through TF_CONFIG, the
+way a task on a real multi-machine cluster is. The output is run.sh's: each line starts with its
+task's role ([ps0], [worker1]) and the tool's own lines with [cluster]. After the run comes the
+report: the bytes each host sent and received, the bytes per mini-batch, and with a bandwidth
+set, the bandwidth bound (the mini-batches per second the busiest link allows, were it busy all
+the time) and how close the run came to it. The last line, `[cluster] summary key=value ...`,
+holds the same figures for scripts; --metrics_file writes them as JSON as well.
+
+The network, all of it made by this tool and removed again when it ends (<pid> is the tool's):
+
+    namespace dtfg<pid>-switch    bridge br0, with one port v-<role> per task
+    namespace dtfg<pid>-ps0       lo, and eth0 at 10.77.0.1/16 (the other end of v-ps0)
+    namespace dtfg<pid>-worker0   lo, and eth0 at 10.77.0.2/16 (the other end of v-worker0)
+    ...
+
+The host's own network namespace is never touched: no interface, address or route is added to
+it. The task namespaces have no route beyond their subnet, so a task can reach only its own
+loopback and the other tasks of the run (so nothing downloads: give --dataset mnist a local
+--data_path). With --bandwidth, a tbf qdisc limits each link both ways: on eth0 inside the
+task's namespace (what the task sends) and on its bridge port inside the switch namespace (what
+the task receives). The tool exits with 0 when every task did; 1 when a task failed or the run
+timed out; 2 for bad input or a machine that cannot do this; 128+N after signal N (Ctrl-C: 130).
+In every case it stops every task it started and deletes every namespace it made (and with them
+the veth pairs and the bridge).
+
+Needs: Linux, root (namespaces and qdiscs), iproute2's `ip` (and `tc` for --bandwidth), and the
+examples' own Python packages (TensorFlow) in the Python that runs this script. A run killed
+with SIGKILL cannot clean up: `ip netns list` then shows its dtfg<pid>-* namespaces, and
+`ip netns delete NAME` removes them.
+"""
+import argparse
+import ipaddress
+import itertools
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_SUBNET = "10.77.0.0/16"
+PORT = 2222  # every task has an address of its own, so they can all use the same port
+COMMAND_SECS = 10  # the longest one ip or tc command may take
+STOP_GRACE_SECS = 5  # between SIGTERM and SIGKILL when stopping a task
+PS_EXIT_SECS = 30  # the parameter servers' time to exit after the last worker, as in run.sh
+POLL_SECS = 0.1
+RATE_UNITS = {"bit": 1, "kbit": 10 ** 3, "mbit": 10 ** 6, "gbit": 10 ** 9}  # tc's, decimal
+# flags that would override TF_CONFIG, or that the tool passes itself
+CLUSTER_FLAGS = ("--job_name", "--task_index", "--ps_hosts", "--worker_hosts")
+OWN_FLAGS = ("--log_dir", "--metrics_file")
+
+
+class SetupError(Exception):
+    """Bad input, or something this machine lacks or refuses: one `error:` line, exit status 2."""
+
+
+class Interrupted(Exception):
+    def __init__(self, signum):
+        super(Interrupted, self).__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+# ==================================================================================================
+# Commands
+# ==================================================================================================
+def tool_path(name):
+    path = shutil.which(name)
+    if not path:
+        raise SetupError("`%s` (iproute2) was not found on PATH" % name)
+    return path
+
+
+def run_command(command):
+    """Run one short command (ip, tc) and return its output; any failure is a SetupError."""
+    SIGNALS.check()
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=COMMAND_SECS)
+    except subprocess.TimeoutExpired:
+        raise SetupError("`%s` took more than %d s" % (" ".join(command), COMMAND_SECS))
+    except OSError as e:
+        raise SetupError("cannot run `%s`: %s" % (command[0], e))
+    SIGNALS.check()  # a Ctrl-C reaches the command too: report the signal, not its failure
+    if done.returncode != 0:
+        raise SetupError("`%s` failed: %s" % (" ".join(command),
+                                               done.stderr.strip() or "exit %d" % done.returncode))
+    return done.stdout
+
+
+def check_machine(needs_tc):
+    """Root, ip, and tc when a bandwidth is to be set: what every later step relies on."""
+    if sys.platform != "linux":
+        raise SetupError("network namespaces need Linux")
+    if os.geteuid() != 0:
+        raise SetupError("creating network namespaces needs root: run it with sudo")
+    tool_path("ip")
+    if needs_tc:
+        tool_path("tc")
+
+
+# ==================================================================================================
+# The network: a switch namespace with a bridge, and one namespace per host
+# ==================================================================================================
+def parse_rate(text):
+    """A rate in tc's units (20mbit, 1gbit, 500kbit) -> bits per second; unlimited -> None."""
+    if text.strip().lower() == "unlimited":
+        return None
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([kmg]?bit)", text.strip().lower())
+    if not match or float(match.group(1)) * RATE_UNITS[match.group(2)] < 1000:
+        raise argparse.ArgumentTypeError(
+            "%r is not a rate: use for example 20mbit, 1gbit, 500kbit (at least 1kbit) or "
+            "unlimited" % text)
+    return int(float(match.group(1)) * RATE_UNITS[match.group(2)])
+
+
+def format_rate(bits_per_sec):
+    if bits_per_sec is None:
+        return "unlimited"
+    for unit, size in (("Gbit/s", 10 ** 9), ("Mbit/s", 10 ** 6), ("kbit/s", 10 ** 3)):
+        if bits_per_sec >= size:
+            return "%g %s" % (bits_per_sec / size, unit)
+    return "%d bit/s" % bits_per_sec
+
+
+def tbf_sizes(bits_per_sec):
+    """The burst and the queue limit, in bytes, of a token bucket filter at this rate.
+
+    The burst must hold some full-size packets at any rate; at high rates it must also hold
+    the tokens that pile up between two kernel timer ticks (4 ms at HZ=250), or the filter
+    cannot reach its rate (at 1gbit that is 500 kB). The queue holds 50 ms at the rate on top of
+    the burst: enough for TCP to keep the link busy, too little to add seconds of delay on a
+    slow link (at 20mbit it is about 157 kB).
+    """
+    bytes_per_sec = bits_per_sec / 8.0
+    burst = max(32 * 1024, int(bytes_per_sec * 0.004))
+    return burst, burst + int(bytes_per_sec * 0.05)
+
+
+def list_namespaces():
+    ip = tool_path("ip")
+    return {line.split()[0] for line in run_command([ip, "netns", "list"]).splitlines()
+            if line.strip()}
+
+
+def check_subnet_is_free(subnet):
+    """Refuse a subnet this machine already uses, so our addresses never stand for real ones."""
+    ip = tool_path("ip")
+    used = []
+    for iface in json.loads(run_command([ip, "-j", "-4", "addr", "show"]) or "[]"):
+        for a in iface.get("addr_info", []):
+            used.append(ipaddress.ip_network("%s/%s" % (a["local"], a["prefixlen"]), strict=False))
+    for route in json.loads(run_command([ip, "-j", "-4", "route", "show", "table", "all"]) or "[]"):
+        if route.get("dst") not in (None, "default"):
+            used.append(ipaddress.ip_network(route["dst"], strict=False))
+    clash = [str(n) for n in used if n.overlaps(subnet)]
+    if clash:
+        raise SetupError("the subnet %s overlaps %s on this machine: choose a free one with "
+                         "--subnet" % (subnet, ", ".join(sorted(set(clash)))))
+
+
+class Network(object):
+    """The namespaces of one run: a switch with a bridge, and one namespace per host.
+
+    Each host has loopback and eth0 at its own address; eth0 is one end of a veth pair whose other
+    end, v-<host>, is a port of the bridge br0 in the switch namespace. With a rate, a tbf qdisc
+    limits each link both ways. Only namespaces this object tried to create are ever deleted, and
+    it refuses to start if one of its names exists already.
+
+        with Network("dtfg123", ["ps0", "worker0"], rate=20 * 10**6) as net:
+            net.namespace("ps0"), net.address("ps0"), net.counters("ps0")
+    """
+
+    def __init__(self, prefix, hosts, rate=None, subnet=DEFAULT_SUBNET):
+        self.prefix, self.hosts, self.rate = prefix, list(hosts), rate
+        self.subnet = ipaddress.ip_network(subnet)
+        for host in self.hosts:  # the bridge port v-<host> must fit Linux's 15 characters
+            if not re.fullmatch(r"[a-z][a-z0-9]{0,12}", host):
+                raise SetupError("host name %r: use 1-13 lowercase letters and digits" % host)
+        addresses = list(itertools.islice(self.subnet.hosts(), len(self.hosts)))
+        if len(addresses) < len(self.hosts):
+            raise SetupError("the subnet %s has no room for %d hosts" % (subnet, len(self.hosts)))
+        self.addresses = {h: str(a) for h, a in zip(self.hosts, addresses)}
+        self.switch = prefix + "-switch"
+        self.attempted = []  # namespaces this run tried to create: the only ones it removes
+
+    def namespace(self, host):
+        return "%s-%s" % (self.prefix, host)
+
+    def address(self, host):
+        return self.addresses[host]
+
+    def __enter__(self):
+        try:
+            self.create()
+        except BaseException:
+            self.remove()
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        self.remove()
+
+    def create(self):
+        ip = tool_path("ip")
+        tc = tool_path("tc") if self.rate else None
+        check_subnet_is_free(self.subnet)
+        names = [self.switch] + [self.namespace(h) for h in self.hosts]
+        taken = sorted(set(names) & list_namespaces())
+        if taken:
+            raise SetupError("namespace(s) %s exist already, perhaps from a run that was killed: "
+                             "remove them with `ip netns delete NAME`" % ", ".join(taken))
+        self._add_namespace(self.switch)
+        # no IPv6 addresses anywhere (addrgenmode none): their chatter would count as traffic
+        run_command([ip, "-n", self.switch, "link", "add", "name", "br0", "type", "bridge"])
+        run_command([ip, "-n", self.switch, "link", "set", "dev", "br0", "addrgenmode", "none",
+                     "up"])
+        for host in self.hosts:
+            ns, port = self.namespace(host), "v-" + host
+            self._add_namespace(ns)
+            run_command([ip, "-n", ns, "link", "set", "dev", "lo", "up"])
+            # both ends are made where they live: the host's namespace never sees them
+            run_command([ip, "-n", self.switch, "link", "add", "name", port, "type", "veth",
+                         "peer", "name", "eth0", "netns", ns])
+            run_command([ip, "-n", self.switch, "link", "set", "dev", port, "addrgenmode", "none",
+                         "master", "br0", "up"])
+            run_command([ip, "-n", ns, "link", "set", "dev", "eth0", "addrgenmode", "none"])
+            run_command([ip, "-n", ns, "addr", "add",
+                         "%s/%d" % (self.address(host), self.subnet.prefixlen), "dev", "eth0"])
+            run_command([ip, "-n", ns, "link", "set", "dev", "eth0", "up"])
+            if self.rate:
+                burst, limit = tbf_sizes(self.rate)
+                tbf = ["root", "tbf", "rate", "%dbit" % self.rate, "burst", str(burst),
+                       "limit", str(limit)]
+                # what the host sends queues on its eth0, what it receives on its bridge port
+                run_command([tc, "-n", ns, "qdisc", "add", "dev", "eth0"] + tbf)
+                run_command([tc, "-n", self.switch, "qdisc", "add", "dev", port] + tbf)
+
+    def _add_namespace(self, name):
+        self.attempted.append(name)  # before the command: it may be cut short after it acted
+        run_command([tool_path("ip"), "netns", "add", name])
+
+    def counters(self, host):
+        """(bytes sent, bytes received) on the host's eth0, from the kernel's interface counters."""
+        out = run_command([tool_path("ip"), "-n", self.namespace(host), "-s", "-j", "link", "show",
+                           "dev", "eth0"])
+        stats = json.loads(out)[0]["stats64"]
+        return stats["tx"]["bytes"], stats["rx"]["bytes"]
+
+    def remove(self):
+        """Delete the namespaces this run made (their veths and bridge go with them).
+
+        Returns the problems as lines; it never raises, as it runs on the way out of failures."""
+        problems = []
+        try:
+            existing = list_namespaces()
+        except SetupError as e:
+            return [str(e)]
+        for name in reversed(self.attempted):
+            if name in existing:
+                try:
+                    run_command([tool_path("ip"), "netns", "delete", name])
+                except SetupError as e:
+                    problems.append(str(e))
+        self.attempted = []
+        return problems
+
+
+# ==================================================================================================
+# Tasks: one train.py per host, its output labelled with its role
+# ==================================================================================================
+class Console(object):
+    """The one writer of every task's lines and the tool's own, so lines never interleave."""
+
+    # TensorFlow's start-up chatter, dropped unless --verbose (the same lines run.sh drops)
+    CHATTER = re.compile(r"WARNING: All log messages before absl::InitializeLog"
+                         r"|[IW][0-9]{4} [0-9:. ]+[0-9]+ [A-Za-z0-9_]+\.(cc|h):[0-9]+\]"
+                         r"|To enable the following instructions: "
+                         r"|E[0-9]{4} .*(cuInit|cuda_)")
+
+    def __init__(self, verbose=False):
+        self.verbose, self.lock = verbose, threading.Lock()
+
+    def line(self, role, text):
+        if not text.startswith("[%s] " % role):  # train.py labels its own lines already
+            text = "[%s] %s" % (role, text)
+        with self.lock:
+            try:
+                print(text, flush=True)
+            except (BrokenPipeError, ValueError):
+                pass  # nobody reads any more; the run and its clean-up go on
+
+    def say(self, text):
+        self.line("cluster", text)
+
+    def relay(self, role, stream):
+        for raw in stream:
+            text = raw.rstrip("\n")
+            if self.verbose or not self.CHATTER.match(text):
+                self.line(role, text)
+
+
+class Task(object):
+    def __init__(self, job, index):
+        self.job, self.index, self.role = job, index, "%s%d" % (job, index)
+        self.proc = self.reader = self.code = None
+
+    def running(self):
+        return self.proc is not None and self.code is None
+
+    def describe_exit(self):
+        if self.code is not None and self.code < 0:
+            return "%s (killed by %s)" % (self.role, signal.Signals(-self.code).name)
+        return "%s (exit %s)" % (self.role, self.code)
+
+
+def tf_config(cluster, task):
+    return json.dumps({"cluster": cluster, "task": {"type": task.job, "index": task.index}})
+
+
+def start_task(task, network, cluster, train_py, train_args, console):
+    """Start train.py in the task's namespace, in a process group of its own, TF_CONFIG only."""
+    SIGNALS.check()
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    env.update(TF_CONFIG=tf_config(cluster, task), PYTHONUNBUFFERED="1")
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    # ip netns exec enters the namespace and then execs python: the PID is train.py's own
+    command = [tool_path("ip"), "netns", "exec", network.namespace(task.role), sys.executable,
+               train_py] + list(train_args)
+    task.proc = subprocess.Popen(command, cwd=os.path.dirname(train_py), env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                 errors="replace", start_new_session=True)
+    task.reader = threading.Thread(target=console.relay, args=(task.role, task.proc.stdout),
+                                   daemon=True)
+    task.reader.start()
+    console.say("started %s pid=%d in namespace %s at %s" % (
+        task.role, task.proc.pid, network.namespace(task.role),
+        cluster[task.job][task.index]))
+
+
+def reap(tasks):
+    """Record the exit of every task that has ended; return the ones that failed just now."""
+    failed = []
+    for task in tasks:
+        if task.running() and task.proc.poll() is not None:
+            task.code = task.proc.returncode
+            if task.code != 0:
+                failed.append(task)
+    return failed
+
+
+def supervise(tasks, console, deadline, keep_going):
+    """Wait for the workers, then for the parameter servers; return the failures as text.
+
+    A failed task stops the cluster, unless keep_going: then only a failed ps does (the workers
+    cannot go on without it), and the other workers finish, as with run.sh.
+    """
+    failed = []
+    workers = [t for t in tasks if t.job == "worker"]
+    while any(t.running() for t in workers):
+        SIGNALS.check()
+        failed += [t.describe_exit() for t in reap(tasks)]
+        if failed and (not keep_going or any(f.startswith("ps") for f in failed)):
+            console.say("failed: %s; stopping the cluster" % ", ".join(failed))
+            return failed
+        if time.time() > deadline:
+            console.say("the run timed out (--timeout); stopping the cluster")
+            return failed + ["timeout"]
+        time.sleep(POLL_SECS)
+    # the parameter servers exit by themselves once every worker has left; bound that wait
+    ps_deadline = min(deadline, time.time() + PS_EXIT_SECS)
+    while any(t.running() for t in tasks):
+        SIGNALS.check()
+        failed += [t.describe_exit() for t in reap(tasks)]
+        if any(t.running() for t in tasks) and time.time() > ps_deadline:
+            console.say("the parameter servers did not exit %d s after the workers"
+                        % PS_EXIT_SECS)
+            return failed + ["ps (did not exit)"]
+        time.sleep(POLL_SECS)
+    return failed
+
+
+def stop_tasks(tasks):
+    """SIGTERM to the process group of every task still running, SIGKILL after STOP_GRACE_SECS."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        alive = [t for t in tasks if t.proc is not None and t.proc.poll() is None]
+        if not alive:
+            break
+        for task in alive:
+            try:
+                os.killpg(task.proc.pid, sig)  # the group of the PID we started, nothing wider
+            except ProcessLookupError:
+                pass
+        deadline = time.time() + STOP_GRACE_SECS
+        while time.time() < deadline and any(t.proc.poll() is None for t in alive):
+            time.sleep(POLL_SECS)
+    for task in tasks:
+        if task.reader is not None:
+            task.reader.join(5)  # the last lines of a task that ended
+
+
+class SignalTrap(object):
+    """Notes SIGINT, SIGTERM and SIGHUP; the tool raises Interrupted at points of its choosing.
+
+    The handler itself never raises: an exception thrown into whatever the main thread is doing
+    can leave a lock taken (in subprocess or print) and hang the clean-up. Instead every command,
+    every poll of the tasks and every start of one calls check(), which raises Interrupted once,
+    for the first signal, unless the clean-up has begun, which nothing may cut short.
+    """
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+    def __init__(self):
+        self.received, self.raising, self.previous = None, False, {}
+
+    def install(self):
+        self.received, self.raising = None, True
+        self.previous = {s: signal.signal(s, self.note) for s in self.SIGNALS}
+
+    def note(self, signum, frame):
+        self.received = self.received or signum
+
+    def check(self):
+        if self.received and self.raising:
+            self.raising = False
+            raise Interrupted(self.received)
+
+    def stop_raising(self):
+        self.raising = False
+
+    def restore(self):
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)
+        self.previous = {}
+
+
+# the tool's one trap; as a library (the tests' Network) it is not installed and never raises
+SIGNALS = SignalTrap()
+
+
+# ==================================================================================================
+# The report: bytes on the wire and the bandwidth bound
+# ==================================================================================================
+def megabytes(n):
+    return "%.2f MB" % (n / 1e6)
+
+
+def traffic_report(roles, before, after, metrics, rate):
+    """Bytes per host and per mini-batch, the busiest link, and the bandwidth bound.
+
+    The bound: the busiest link must carry its bytes in its busier direction, which takes at
+    least bytes / rate; all the run's mini-batches in that time is the most the bandwidth allows.
+    The bytes include the set-up, evaluations and shutdown; the achieved rate (the chief's
+    steps_per_sec) counts only the training loop, so the fraction is if anything too high.
+    """
+    hosts = {}
+    for role in roles:
+        sent, received = (a - b for a, b in zip(after[role], before[role]))
+        hosts[role] = {"sent_bytes": sent, "received_bytes": received}
+    busiest = max(((hosts[r][d], r, d) for r in roles for d in ("sent_bytes", "received_bytes")))
+    report = {"bandwidth_bits_per_sec": rate, "hosts": hosts,
+              "total_bytes": sum(h["sent_bytes"] for h in hosts.values()),
+              "busiest_link": {"host": busiest[1], "direction": busiest[2].split("_")[0],
+                               "bytes": busiest[0]}}
+    if metrics and metrics.get("local_steps"):
+        # computed by the workers over the whole run; a lost worker's count is -1
+        mini_batches = sum(s for s in metrics["local_steps"] if s > 0)
+        report["mini_batches"] = mini_batches
+        report["bytes_per_mini_batch"] = report["total_bytes"] / max(mini_batches, 1)
+        report["mini_batches_per_sec"] = metrics.get("steps_per_sec")
+        if rate and busiest[0] > 0:
+            report["bound_seconds"] = busiest[0] * 8.0 / rate
+            report["bound_mini_batches_per_sec"] = mini_batches / report["bound_seconds"]
+            if report["mini_batches_per_sec"] is not None:
+                report["fraction_of_bound"] = (report["mini_batches_per_sec"]
+                                               / report["bound_mini_batches_per_sec"])
+    return report
+
+
+def print_report(console, report, status):
+    console.say("bytes on the wire, from each host's interface counters:")
+    for role, h in report["hosts"].items():
+        console.say("  %-9s sent %11s   received %11s" % (role, megabytes(h["sent_bytes"]),
+                                                          megabytes(h["received_bytes"])))
+    link = report["busiest_link"]
+    if "mini_batches" in report:
+        console.say("total %s for %d mini-batches: %.1f kB per mini-batch"
+                    % (megabytes(report["total_bytes"]), report["mini_batches"],
+                       report["bytes_per_mini_batch"] / 1e3))
+    else:
+        console.say("total %s (no summary from the chief: no figures per mini-batch)"
+                    % megabytes(report["total_bytes"]))
+    if "bound_mini_batches_per_sec" in report:
+        console.say("busiest link: %s %s %s (%.1f kB per mini-batch); at %s that takes at "
+                    "least %.1f s, so the bandwidth bound is %.1f mini-batches/s" % (
+                        link["host"], link["direction"], megabytes(link["bytes"]),
+                        link["bytes"] / 1e3 / report["mini_batches"],
+                        format_rate(report["bandwidth_bits_per_sec"]), report["bound_seconds"],
+                        report["bound_mini_batches_per_sec"]))
+    if "fraction_of_bound" in report:
+        console.say("achieved %.1f mini-batches/s: %.2f of the bandwidth bound"
+                    % (report["mini_batches_per_sec"], report["fraction_of_bound"]))
+    keys = ("mini_batches", "mini_batches_per_sec", "total_bytes", "bytes_per_mini_batch",
+            "bound_mini_batches_per_sec", "fraction_of_bound")
+    pairs = ["exit=%d" % status, "bandwidth=%s" % (report["bandwidth_bits_per_sec"] or "unlimited"),
+             "busiest_host=%s" % link["host"], "busiest_direction=%s" % link["direction"],
+             "busiest_bytes=%d" % link["bytes"]]
+    pairs += ["%s=%.6g" % (k, report[k]) for k in keys if report.get(k) is not None]
+    console.say("summary " + " ".join(pairs))
+
+
+# ==================================================================================================
+# main
+# ==================================================================================================
+def find_train_py(example):
+    """EXAMPLE: a folder of this repository (Hogwild) or a path to one; its train.py."""
+    folder = example if os.path.isdir(example) else os.path.join(ROOT, example)
+    train_py = os.path.abspath(os.path.join(folder, "train.py"))
+    if not os.path.isfile(train_py):
+        raise SetupError("%s has no train.py: give an example folder such as Hogwild" % example)
+    with open(train_py) as f:
+        if "TF_CONFIG" not in f.read():
+            raise SetupError("%s/train.py is not distributed: it does not read TF_CONFIG"
+                             % example)
+    return train_py
+
+
+def check_train_args(train_args):
+    for arg in train_args:
+        flag = arg.split("=", 1)[0]
+        if flag in CLUSTER_FLAGS:
+            raise SetupError("%s after --: the tool sets each task's role through TF_CONFIG"
+                             % flag)
+        if flag in OWN_FLAGS:
+            raise SetupError("give %s to cluster.py itself, before --" % flag)
+
+
+def count(text):
+    n = int(text)
+    if not 1 <= n <= 100:
+        raise argparse.ArgumentTypeError("must be 1 to 100, got %d" % n)
+    return n
+
+
+def parser():
+    p = argparse.ArgumentParser(
+        prog="cluster.py", usage="%(prog)s EXAMPLE [options] [-- train.py args...]",
+        description="Run an example's train.py as a cluster of hosts, each task in a network "
+                    "namespace of its own joined by a bridge, and report the bytes on the wire "
+                    "and the bandwidth bound. Needs root and iproute2 (ip; tc for --bandwidth). "
+                    "Arguments after -- go to every train.py.")
+    p.add_argument("example", help="an example folder with a distributed train.py "
+                                   "(Distributed-Setup, Hogwild, DOWNPOUR, ADAG, Sync-SGD)")
+    p.add_argument("--ps", type=count, default=1, help="parameter servers (default: 1)")
+    p.add_argument("--workers", type=count, default=2, help="workers (default: 2)")
+    p.add_argument("--bandwidth", type=parse_rate, default=None, metavar="RATE",
+                   help="limit each host's link to RATE both ways, in tc's units: 20mbit, "
+                        "1gbit, 500kbit; or unlimited (default: unlimited)")
+    p.add_argument("--timeout", type=float, default=600,
+                   help="seconds the whole run may take before every task is stopped "
+                        "(default: 600)")
+    p.add_argument("--keep-going", action="store_true",
+                   help="when a worker fails, let the other tasks finish as run.sh does "
+                        "(default: stop the cluster at the first failed task; a failed ps "
+                        "always stops it)")
+    p.add_argument("--log_dir", default="",
+                   help="passed to train.py: checkpoints and TensorBoard summaries (default: a "
+                        "temporary folder, deleted at the end)")
+    p.add_argument("--metrics_file", default="",
+                   help="JSON file to write: the chief's metrics (train.py's --metrics_file, "
+                        "passed through) plus this tool's report under the key 'cluster'; "
+                        "overwritten (default: none)")
+    p.add_argument("--subnet", type=ipaddress.ip_network, default=DEFAULT_SUBNET,
+                   help="IPv4 subnet of the hosts' addresses; must be unused on this machine "
+                        "(default: %s)" % DEFAULT_SUBNET)
+    p.add_argument("--verbose", action="store_true", help="keep TensorFlow's start-up log lines")
+    return p
+
+
+def error(message):
+    print("error: " + message, file=sys.stderr, flush=True)
+    return 2
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    split = argv.index("--") if "--" in argv else len(argv)
+    args, train_args = parser().parse_args(argv[:split]), argv[split + 1:]
+    try:
+        train_py = find_train_py(args.example)
+        check_train_args(train_args)
+        check_machine(needs_tc=args.bandwidth is not None)
+    except SetupError as e:
+        return error(str(e))
+    return run_cluster(args, train_py, train_args)
+
+
+def run_cluster(args, train_py, train_args):
+    console = Console(args.verbose)
+    tasks = ([Task("ps", i) for i in range(args.ps)]
+             + [Task("worker", i) for i in range(args.workers)])
+    roles = [t.role for t in tasks]
+    scratch = tempfile.mkdtemp(prefix="dtfg-cluster-")
+    log_dir = os.path.abspath(args.log_dir) if args.log_dir else os.path.join(scratch, "logs")
+    metrics_file = os.path.abspath(args.metrics_file or os.path.join(scratch, "metrics.json"))
+    if args.metrics_file and os.path.exists(metrics_file):
+        os.remove(metrics_file)  # a failed run must not leave an earlier run's figures behind
+    train_args = list(train_args) + ["--log_dir", log_dir, "--metrics_file", metrics_file]
+    status, network = 1, None
+
+    def clean_up():
+        stop_tasks(tasks)
+        for problem in (network.remove() if network else []):
+            console.say("clean-up: " + problem)
+
+    def run():
+        nonlocal network
+        network = Network("dtfg%d" % os.getpid(), roles, args.bandwidth, args.subnet)
+        console.say("%d ps + %d worker(s) of %s, each in a namespace %s-<role> on %s, links %s"
+                    % (args.ps, args.workers, os.path.basename(os.path.dirname(train_py)),
+                       network.prefix, network.subnet, format_rate(args.bandwidth)))
+        network.create()
+        cluster = {job: ["%s:%d" % (network.address(t.role), PORT) for t in tasks if t.job == job]
+                   for job in ("ps", "worker")}
+        before = {role: network.counters(role) for role in roles}
+        deadline = time.time() + args.timeout
+        for task in tasks:
+            start_task(task, network, cluster, train_py, train_args, console)
+        failed = supervise(tasks, console, deadline, args.keep_going)
+        stop_tasks(tasks)  # whatever still runs after a failure or a timeout
+        after = {role: network.counters(role) for role in roles}
+        status = 1 if failed else 0
+        console.say("failed: %s" % ", ".join(failed) if failed else "all processes finished")
+        metrics = None
+        if os.path.exists(metrics_file):
+            with open(metrics_file) as f:
+                metrics = json.load(f)
+        report = traffic_report(roles, before, after, metrics, args.bandwidth)
+        print_report(console, report, status)
+        if args.metrics_file and metrics is not None:
+            metrics["cluster"] = dict(report, exit=status, namespaces=network.prefix + "-*")
+            with open(metrics_file, "w") as f:
+                json.dump(metrics, f, indent=1)
+        return status
+
+    SIGNALS.install()
+    try:
+        status = run()
+    except SetupError as e:
+        status = error(str(e))
+    except Interrupted as e:
+        console.say("interrupted by %s: stopping every task" % e)
+        status = 128 + e.signum
+    finally:
+        SIGNALS.stop_raising()  # a signal now changes the exit status, not the clean-up
+        clean_up()
+        shutil.rmtree(scratch, ignore_errors=True)
+        SIGNALS.restore()
+    if SIGNALS.received and status < 128:
+        status = 128 + SIGNALS.received
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

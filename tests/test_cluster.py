@@ -1,0 +1,350 @@
+"""benchmarks/cluster.py: every task a host of its own, in a network namespace, set up by TF_CONFIG.
+
+The tests that make namespaces need root, ip and tc; they skip with the reason otherwise, and are
+marked `cluster` (deselect them with -m "not cluster"). Every test bounds its waits and checks
+that no process and no namespace of its run is left.
+"""
+import json
+import os
+import re
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import ACCURACY_BAR, ROOT, assert_nothing_left, finish, read_until
+
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+import cluster as cluster_tool  # noqa: E402  (benchmarks/ is not a package)
+
+CLUSTER_PY = os.path.join(ROOT, "benchmarks", "cluster.py")
+
+
+def missing_for_namespaces():
+    if os.geteuid() != 0:
+        return "network namespaces need root"
+    missing = [tool for tool in ("ip", "tc") if not shutil.which(tool)]
+    return "not found on PATH: %s" % ", ".join(missing) if missing else None
+
+
+needs_namespaces = pytest.mark.skipif(missing_for_namespaces() is not None,
+                                      reason=missing_for_namespaces() or "")
+
+
+def namespaces_with_prefix(prefix):
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=10)
+    return [line.split()[0] for line in out.stdout.splitlines()
+            if line.startswith(prefix + "-")]
+
+
+def start_tool(args, env=None):
+    """cluster.py in its own session (SIGINT at its default), so a test can always stop it all."""
+    return subprocess.Popen([sys.executable, CLUSTER_PY] + list(args), cwd=ROOT,
+                            env=dict(os.environ, **(env or {})), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def assert_run_left_nothing(proc, tmp_path):
+    """No process of the run (their command lines hold tmp_path) and none of its namespaces."""
+    if proc.poll() is None:  # a test that failed half-way: let the tool clean up first
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    try:
+        assert_nothing_left(str(tmp_path))
+    finally:
+        left = namespaces_with_prefix("dtfg%d" % proc.pid)
+        for name in left:  # remove them anyway, so one failure does not spoil the machine
+            subprocess.run(["ip", "netns", "delete", name], timeout=10)
+        assert not left, "namespaces left behind: %s" % left
+
+
+def summary_of(output, role):
+    """The summary line of one role ([worker0] or [cluster]) as a dict of strings."""
+    lines = [l for l in output.splitlines() if l.startswith("[%s] summary " % role)]
+    assert lines, "no [%s] summary line in:\n%s" % (role, output[-3000:])
+    return dict(kv.split("=", 1) for kv in lines[-1].split(" summary ", 1)[1].split())
+
+
+def started_pids(output):
+    """{role: pid} from the tool's `[cluster] started ROLE pid=N` lines."""
+    return {role: int(pid) for role, pid in re.findall(r"\[cluster\] started (\w+) pid=(\d+)",
+                                                       output)}
+
+
+# ==================================================================================================
+# One run per family: asynchronous, windowed, synchronous
+# ==================================================================================================
+@pytest.mark.cluster
+@needs_namespaces
+@pytest.mark.parametrize("example", ["Hogwild", "DOWNPOUR", "Sync-SGD"])
+def test_each_family_trains_to_the_bar_with_every_task_on_its_own_host(example, tmp_path):
+    metrics_file = tmp_path / "metrics.json"
+    proc = start_tool([example, "--ps", "1", "--workers", "2", "--timeout", "150",
+                       "--log_dir", str(tmp_path / "logs"), "--metrics_file", str(metrics_file)])
+    try:
+        run = finish(proc, timeout=180)
+    finally:
+        assert_run_left_nothing(proc, tmp_path)
+    assert run.code == 0, run.output[-3000:]
+    chief = summary_of(run.output, "worker0")
+    assert float(chief["test_accuracy"]) >= ACCURACY_BAR, chief
+    assert chief["workers"] == "2" and chief["lost_workers"] == "0", chief
+    # the ps learnt its own address from TF_CONFIG: an address of the tool's subnet, not localhost
+    assert "[ps0] serving 2 worker(s) at 10.77.0.1:2222" in run.output
+    assert "[ps0] all 2 worker(s) done; shutting down" in run.output
+    assert "[cluster] all processes finished" in run.output
+
+    report = summary_of(run.output, "cluster")
+    assert report["exit"] == "0" and report["bandwidth"] == "unlimited"
+    mini_batches = sum(int(s) for s in chief["local_steps"].split(","))
+    assert int(report["mini_batches"]) == mini_batches
+    # every mini-batch moves at least one copy of the model's parameters (64x128 + 128 + 128x10
+    # + 10 floats: 38 kB) across the wire: a pull, a push or both, or a window's share of them
+    model_bytes = 4 * (64 * 128 + 128 + 128 * 10 + 10)
+    assert float(report["bytes_per_mini_batch"]) > model_bytes / 10, report
+    with open(metrics_file) as f:
+        metrics = json.load(f)
+    assert metrics["test_accuracy"] == pytest.approx(float(chief["test_accuracy"]), abs=1e-5)
+    hosts = metrics["cluster"]["hosts"]
+    assert sorted(hosts) == ["ps0", "worker0", "worker1"]
+    assert all(h["sent_bytes"] > 0 and h["received_bytes"] > 0 for h in hosts.values()), hosts
+    # the ps carries every worker's traffic: it is the busiest link
+    assert metrics["cluster"]["busiest_link"]["host"] == "ps0"
+
+
+# ==================================================================================================
+# The bandwidth limit, on a network made without a training run
+# ==================================================================================================
+RECEIVER = """
+import socket, sys
+server = socket.socket()
+server.bind((sys.argv[1], int(sys.argv[2])))
+server.listen(1)
+server.settimeout(20)
+print("ready", flush=True)
+connection, _ = server.accept()
+connection.settimeout(20)
+received = 0
+while True:
+    data = connection.recv(1 << 16)
+    if not data:
+        break
+    received += len(data)
+connection.sendall(b"k")  # all of it arrived: the sender's clock stops
+print(received, flush=True)
+"""
+
+SENDER = """
+import socket, sys, time
+size = int(sys.argv[3])
+started = time.time()
+connection = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=20)
+connection.sendall(b"x" * size)
+connection.shutdown(socket.SHUT_WR)
+assert connection.recv(1) == b"k"
+print(size * 8 / (time.time() - started), flush=True)
+"""
+
+
+def transfer_rate(network, source, destination, size, marker):
+    """Send size bytes from one host of the network to another; return the rate in bit/s."""
+    address, port = network.address(destination), 5001
+    run_in = lambda host, script, *args: [
+        "ip", "netns", "exec", network.namespace(host), sys.executable, "-c", script,
+        address, str(port)] + list(args) + [marker]
+    receiver = subprocess.Popen(run_in(destination, RECEIVER), stdout=subprocess.PIPE, text=True)
+    try:
+        ready, _, _ = select.select([receiver.stdout], [], [], 20)  # bounded: a hung receiver
+        assert ready and receiver.stdout.readline().strip() == "ready"
+        sent = subprocess.run(run_in(source, SENDER, str(size)), capture_output=True, text=True,
+                              timeout=30)
+        assert sent.returncode == 0, sent.stderr
+        assert receiver.wait(timeout=10) == 0
+        assert int(receiver.stdout.read()) == size
+        return float(sent.stdout)
+    finally:
+        if receiver.poll() is None:
+            receiver.kill()
+            receiver.wait()
+
+
+@pytest.mark.cluster
+@needs_namespaces
+def test_a_bandwidth_limit_holds_each_way_of_a_link_and_is_gone_without_it(tmp_path):
+    prefix, limit, size = "dtfgtest%d" % os.getpid(), 20 * 10 ** 6, 4 * 10 ** 6
+    try:
+        with cluster_tool.Network(prefix, ["a", "b"], rate=limit) as network:
+            shown = subprocess.run(["tc", "-n", network.namespace("a"), "qdisc", "show", "dev",
+                                    "eth0"], capture_output=True, text=True, timeout=10).stdout
+            assert "tbf" in shown and "rate 20Mbit" in shown, shown
+            both_limits = transfer_rate(network, "a", "b", size, str(tmp_path))
+            back = transfer_rate(network, "b", "a", size, str(tmp_path))
+            # without a's own egress limit, b's port in the switch still limits what b receives
+            subprocess.run(["tc", "-n", network.namespace("a"), "qdisc", "del", "dev", "eth0",
+                            "root"], check=True, timeout=10)
+            receive_limit_only = transfer_rate(network, "a", "b", size, str(tmp_path))
+        assert not namespaces_with_prefix(prefix)
+        with cluster_tool.Network(prefix, ["a", "b"], rate=None) as network:
+            unlimited = transfer_rate(network, "a", "b", size, str(tmp_path))
+    finally:
+        assert_nothing_left(str(tmp_path))
+        left = namespaces_with_prefix(prefix)
+        for name in left:
+            subprocess.run(["ip", "netns", "delete", name], timeout=10)
+    assert not left, left
+    for rate in (both_limits, back, receive_limit_only):
+        assert 0.5 * limit <= rate <= 1.2 * limit, (both_limits, back, receive_limit_only)
+    assert unlimited > 5 * limit, unlimited
+
+
+def test_tbf_sizes_are_sane_at_low_and_high_rates():
+    for rate in (10 ** 6, 20 * 10 ** 6, 100 * 10 ** 6, 10 ** 9, 10 ** 10):
+        burst, limit = cluster_tool.tbf_sizes(rate)
+        assert burst >= 20 * 1500  # some full-size packets at any rate
+        assert burst >= rate / 8 * 0.004  # a 4 ms timer tick's worth of tokens at high rates
+        assert limit > burst and (limit - burst) / (rate / 8) == pytest.approx(0.05, abs=1e-3)
+    assert cluster_tool.parse_rate("20mbit") == 20 * 10 ** 6
+    assert cluster_tool.parse_rate("1gbit") == 10 ** 9
+    assert cluster_tool.parse_rate("unlimited") is None
+
+
+def test_the_bound_is_the_busiest_direction_of_the_busiest_link_over_its_rate():
+    roles = ["ps0", "worker0", "worker1"]
+    before = {r: (1000, 1000) for r in roles}  # counters before the run are taken off
+    after = {"ps0": (1000 + 4 * 10 ** 6, 1000 + 5 * 10 ** 6),
+             "worker0": (1000 + 2 * 10 ** 6, 1000 + 2 * 10 ** 6),
+             "worker1": (1000 + 3 * 10 ** 6, 1000 + 2 * 10 ** 6)}
+    metrics = {"local_steps": [60, 40, -1], "steps_per_sec": 4.0}  # -1: a lost worker
+    report = cluster_tool.traffic_report(roles, before, after, metrics, 8 * 10 ** 6)
+    assert report["total_bytes"] == 9 * 10 ** 6
+    assert report["busiest_link"] == {"host": "ps0", "direction": "received", "bytes": 5 * 10 ** 6}
+    assert report["mini_batches"] == 100 and report["bytes_per_mini_batch"] == 9 * 10 ** 4
+    # 5 MB at 8 Mbit/s (1 MB/s) take at least 5 s: at most 100 / 5 = 20 mini-batches/s
+    assert report["bound_seconds"] == pytest.approx(5.0)
+    assert report["bound_mini_batches_per_sec"] == pytest.approx(20.0)
+    assert report["fraction_of_bound"] == pytest.approx(0.2)
+    unlimited = cluster_tool.traffic_report(roles, before, after, metrics, None)
+    assert "bound_mini_batches_per_sec" not in unlimited and "fraction_of_bound" not in unlimited
+
+
+# ==================================================================================================
+# Interruptions and failures leave nothing behind
+# ==================================================================================================
+@pytest.mark.cluster
+@needs_namespaces
+def test_ctrl_c_mid_run_stops_every_task_and_removes_every_namespace(tmp_path):
+    proc = start_tool(["Hogwild", "--log_dir", str(tmp_path / "logs"), "--timeout", "120",
+                       "--", "--steps", "1000000", "--log_every", "50"])
+    try:
+        seen = read_until(proc, "[worker1] local_step=", timeout=120)
+        pids = started_pids(seen)
+        assert sorted(pids) == ["ps0", "worker0", "worker1"]
+        assert len(namespaces_with_prefix("dtfg%d" % proc.pid)) == 4  # 3 hosts and the switch
+        own_net = os.readlink("/proc/self/ns/net")
+        nets = {os.readlink("/proc/%d/ns/net" % pid) for pid in pids.values()}
+        assert len(nets) == 3 and own_net not in nets  # three hosts, none of them this one's
+        for role, pid in pids.items():  # set up by TF_CONFIG alone, no cluster flags
+            with open("/proc/%d/environ" % pid, "rb") as f:
+                env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
+            task = json.loads(env[b"TF_CONFIG"])["task"]
+            assert "%s%d" % (task["type"], task["index"]) == role
+            with open("/proc/%d/cmdline" % pid, "rb") as f:
+                assert b"--job_name" not in f.read()
+        os.killpg(proc.pid, signal.SIGINT)
+        run = finish(proc, timeout=60)
+    finally:
+        assert_run_left_nothing(proc, tmp_path)
+    assert run.code == 128 + signal.SIGINT, run.output[-3000:]
+    assert "[cluster] interrupted by SIGINT: stopping every task" in run.output
+    for pid in pids.values():
+        assert not os.path.exists("/proc/%d" % pid)
+
+
+@pytest.mark.cluster
+@needs_namespaces
+def test_ctrl_c_while_the_namespaces_are_made_removes_the_ones_made_so_far(tmp_path):
+    proc = start_tool(["Hogwild", "--bandwidth", "20mbit", "--log_dir", str(tmp_path / "logs")])
+    try:
+        read_until(proc, "[cluster] 1 ps + 2 worker(s)", timeout=30)  # printed just before
+        os.killpg(proc.pid, signal.SIGINT)
+        run = finish(proc, timeout=60)
+    finally:
+        assert_run_left_nothing(proc, tmp_path)
+    assert run.code == 128 + signal.SIGINT, run.output[-3000:]
+    assert "[cluster] interrupted by SIGINT: stopping every task" in run.output
+    assert "error:" not in run.output  # the signal is reported, not the command it cut short
+
+
+@pytest.mark.cluster
+@needs_namespaces
+def test_a_worker_killed_mid_run_fails_the_run_and_leaves_nothing(tmp_path):
+    proc = start_tool(["Hogwild", "--log_dir", str(tmp_path / "logs"), "--timeout", "120",
+                       "--", "--steps", "1000000", "--log_every", "50"])
+    try:
+        seen = read_until(proc, "[worker1] local_step=", timeout=120)
+        os.kill(started_pids(seen)["worker1"], signal.SIGKILL)
+        killed_at = time.time()
+        run = finish(proc, timeout=60)
+    finally:
+        assert_run_left_nothing(proc, tmp_path)
+    assert run.code == 1, run.output[-3000:]
+    assert "[cluster] failed: worker1 (killed by SIGKILL); stopping the cluster" in run.output
+    assert time.time() - killed_at < 30  # stopped at once, not after the training budget
+    # the bytes are reported for a failed run too, without figures per mini-batch
+    assert summary_of(run.output, "cluster")["exit"] == "1"
+
+
+@pytest.mark.cluster
+@needs_namespaces
+def test_a_bad_train_flag_fails_the_run_and_leaves_nothing(tmp_path):
+    proc = start_tool(["DOWNPOUR", "--log_dir", str(tmp_path / "logs"), "--timeout", "60",
+                       "--", "--steps", "0"])
+    try:
+        run = finish(proc, timeout=90)
+    finally:
+        assert_run_left_nothing(proc, tmp_path)
+    assert run.code == 1, run.output[-3000:]
+    assert "error: --steps must be positive, got 0" in run.output
+    assert "[cluster] failed: " in run.output
+
+
+# ==================================================================================================
+# A machine that cannot: one line, exit 2, nothing made
+# ==================================================================================================
+def run_tool_briefly(command, env=None):
+    done = subprocess.run(command, capture_output=True, text=True, timeout=30, cwd="/", env=env)
+    return done.returncode, done.stdout, done.stderr
+
+
+def test_without_ip_on_path_one_error_line_and_exit_2(tmp_path):
+    # PATH holds only an empty folder: the tool cannot find `ip` (nor anything else)
+    empty = tmp_path / "empty-bin"
+    empty.mkdir()
+    code, out, err = run_tool_briefly([sys.executable, CLUSTER_PY, "Hogwild"],
+                                      env=dict(os.environ, PATH=str(empty)))
+    assert code == 2 and out == ""
+    expected = ("error: `ip` (iproute2) was not found on PATH" if os.geteuid() == 0
+                else "error: creating network namespaces needs root: run it with sudo")
+    assert err.splitlines() == [expected]
+
+
+def test_without_root_one_error_line_and_exit_2():
+    # as root, drop to the nobody user with setpriv; as anyone else, the tool runs as it is
+    if os.geteuid() == 0:
+        if not shutil.which("setpriv"):
+            pytest.skip("setpriv (util-linux) is needed to run the tool as a user")
+        command = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups",
+                   sys.executable, CLUSTER_PY, "Hogwild", "--bandwidth", "20mbit"]
+    else:
+        command = [sys.executable, CLUSTER_PY, "Hogwild", "--bandwidth", "20mbit"]
+    code, out, err = run_tool_briefly(command)
+    assert code == 2 and out == ""
+    assert err.splitlines() == ["error: creating network namespaces needs root: run it with sudo"]
