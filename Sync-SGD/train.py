@@ -166,13 +166,13 @@ def train(args, cluster, server):
     x, y = training_batches(data, args.batch_size, args.task_index, len(cluster["worker"]),
                             args.seed)  # no device given: the pipeline runs on this worker
     sync = build_sync_sgd(args, cluster, x, y)
-    n = sync.replicas_to_aggregate
+    replicas_to_aggregate = sync.replicas_to_aggregate  # mini-batches in a step
     log = TrainingLog(args, cluster, sync.global_params, data)
     straggling = args.task_index == len(cluster["worker"]) - 1 and args.straggler_delay > 0
     step_limit = tf.compat.v1.RunOptions(timeout_in_ms=int(args.step_timeout * 1000))
     quiet_the_aggregation_thread_at_close()
-    # --steps counts the mini-batches used: N a step
-    with log.training_session(server, last_step=-(-args.steps // n), hooks=[sync.hook]) as session:
+    last_step = -(-args.steps // replicas_to_aggregate)  # --steps counts the mini-batches used
+    with log.training_session(server, last_step, hooks=[sync.hook]) as session:
         for log_now in log.updates(session):
             if straggling:
                 time.sleep(args.straggler_delay)  # simulates a slow machine, nothing more
@@ -186,12 +186,13 @@ def train(args, cluster, server):
             if log_now:
                 log.progress(session, loss, step)
         if log.is_chief:
-            log.without_hooks(session, sync.release_workers)
-        return log.end(session, minibatches_per_update=n, replicas_to_aggregate=n,
-                       backup_workers=args.backup_workers,
-                       step_seconds=lambda summary: n / summary["steps_per_sec"],
-                       dropped_gradients=lambda summary: max(0, sum(
-                           s for s in summary["local_steps"] if s > 0) - summary["updates"] * n))
+            run_without_hooks(session, sync.release_workers)
+        return log.end(
+            session, minibatches_per_update=replicas_to_aggregate,
+            replicas_to_aggregate=replicas_to_aggregate, backup_workers=args.backup_workers,
+            step_seconds=lambda summary: replicas_to_aggregate / summary["steps_per_sec"],
+            dropped_gradients=lambda summary: max(0, sum(s for s in summary["local_steps"] if s > 0)
+                                                  - summary["updates"] * replicas_to_aggregate))
 
 
 def main(argv=None):
@@ -262,7 +263,8 @@ def resolve_cluster(args):
     else:
         try:
             config = json.loads(os.environ["TF_CONFIG"])
-            spec, job, index = config["cluster"], config["task"]["type"], config["task"].get("index")
+            spec, job, index = config["cluster"], config["task"]["type"], config["task"].get(
+                "index")
             chief = list(spec.get("chief", [])) + list(spec.get("master", []))
             cluster = {"ps": list(spec["ps"]), "worker": chief + list(spec.get("worker", []))}
             job, index = ("worker", 0) if job in ("chief", "master") else (
@@ -340,13 +342,14 @@ def departure_record(cluster, ps_index):  # made and initialised by the ps; neve
                                      collections=[], name="departures_ps%d" % ps_index)
 
 
-def wait_until_gone(read_record, addresses, deadline):
-    """Until none of addresses answers and each has arrived (or the deadline passed); then the
-    record: the local steps of each worker that left, or below 0 for a lost one."""
+def wait_until_gone(read_record, addresses, deadline, ports_too=True):
+    """Until every worker in addresses (index: host:port) has left: its entry says so (and, with
+    ports_too, its port has closed), or it has stopped answering (lost), or it has not arrived by
+    the deadline. Returns the record then: local steps per worker, below 0 for the lost."""
     while True:
-        before = read_record()
-        if not any(is_listening(a) for a in addresses.values()) and (
-                time.time() > deadline or NOT_ARRIVED not in [before[w] for w in addresses]):
+        record = read_record()
+        if not [w for w, address in addresses.items() if (record[w] < 0 or ports_too) and (
+                is_listening(address)) or record[w] == NOT_ARRIVED and time.time() < deadline]:
             return read_record()  # once more: a worker may have written, then closed its port
         time.sleep(0.25)  # the pace of the port checks
 
@@ -452,7 +455,8 @@ class TrainingLog(object):
         then every worker records its local steps on each ps. The final checkpoint follows."""
         if self.is_chief:
             left = wait_until_gone(lambda: run_without_hooks(session, self.records[0]), dict(list(
-                enumerate(self.cluster["worker"]))[1:]), self.started + self.args.connect_timeout)
+                enumerate(self.cluster["worker"]))[1:]), self.started + self.args.connect_timeout,
+                ports_too=False)
             step, seconds = run_without_hooks(session, self.global_step), self.seconds
             minibatches = (step - self.clock[2]) * minibatches_per_update
             summary = dict(
