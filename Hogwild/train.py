@@ -377,7 +377,8 @@ class TrainingLog(object):
                 self.start_step = int(tf.train.load_variable(args.log_dir, "global_step"))
                 print("[worker0] resuming from the checkpoint at global step %d" % self.start_step)
         else:
-            uninitialised = tf.compat.v1.report_uninitialized_variables()
+            uninitialised = tf.compat.v1.report_uninitialized_variables(  # the chief's part:
+                tf.compat.v1.global_variables())  # local variables are each worker's own
             with tf.compat.v1.Session(server.target, config=config) as session:
                 deadline = time.time() + args.connect_timeout
                 while len(session.run(uninitialised)) and time.time() < deadline:
@@ -386,7 +387,7 @@ class TrainingLog(object):
             master=server.target, is_chief=self.is_chief, checkpoint_dir=args.log_dir,
             hooks=[tf.compat.v1.train.StopAtStepHook(last_step=last_step)] + list(hooks),
             save_checkpoint_secs=30, save_summaries_steps=args.log_every, config=config,
-            log_step_count_steps=args.log_every, stop_grace_period_secs=5,
+            log_step_count_steps=args.log_every, stop_grace_period_secs=1,  # for queue threads
             max_wait_secs=args.connect_timeout)
 
     def updates(self, session):
@@ -429,7 +430,7 @@ class TrainingLog(object):
             left = wait_until_gone(lambda: run_without_hooks(session, self.records[0]), dict(list(
                 enumerate(self.cluster["worker"]))[1:]), self.started + self.args.connect_timeout,
                 ports_too=False)
-            step, seconds = run_without_hooks(session, self.global_step), self.seconds
+            step, seconds = int(run_without_hooks(session, self.global_step)), self.seconds
             minibatches = (step - self.clock[2]) * minibatches_per_update
             summary = dict(
                 example=EXAMPLE, test_accuracy=self.evaluate(session, step), global_step=step,
