@@ -390,7 +390,7 @@ class TrainingLog(object):
                        for r in self.records]
         self.global_step, self.staleness_sum = tf.compat.v1.train.get_or_create_global_step(), None
         self.local_steps, self.start_step, self.history, self.started = 0, 0, [], time.time()
-        self.clock = (0, self.started, 0)  # local steps, time and global step as the clock starts
+        self.clock = self.last_log = (0, self.started, 0)  # local steps, time, global step
 
     def training_session(self, server, last_step, hooks=()):
         """The chief initialises or restores, and saves checkpoints and summaries; the others
@@ -468,7 +468,8 @@ class TrainingLog(object):
                 wall_seconds=time.time() - self.started, steps_per_sec=minibatches / seconds,
                 examples_per_sec=minibatches * self.args.batch_size / seconds)
             if self.staleness_sum is not None:  # see count_staleness
-                summary["mean_staleness"] = run_without_hooks(session, self.staleness_sum) / step
+                summary["mean_staleness"] = run_without_hooks(session, self.staleness_sum) / max(
+                    step, 1)
             summary.update((k, v(summary) if callable(v) else v) for k, v in extra.items())
             print("[worker0] summary " + " ".join("%s=%s" % (k, ",".join(map(str, v)) if isinstance(
                 v, list) else "%.6g" % v if isinstance(v, float) else v)
