@@ -47,8 +47,8 @@ def run_once(example, workers, args, tag):
         with open(metrics_path) as f:
             return json.load(f)
     command = ["bash", os.path.join(ROOT, example, "run.sh"), "--steps", str(args.steps),
-               "--batch_size", str(args.batch_size), "--eval_every", str(args.eval_every),
-               "--log_every", "500", "--seed", str(args.seed),
+               "--batch_size", str(args.batch_size), "--log_every", str(args.eval_every),
+               "--seed", str(args.seed),
                "--log_dir", os.path.join(logs, tag + "-tensorboard"), "--metrics_file",
                metrics_path]
     with open(log_path, "w") as log:

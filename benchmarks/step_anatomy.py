@@ -24,6 +24,14 @@ sys.path.insert(0, os.path.join(ROOT, "Distributed-Setup"))
 import tensorflow as tf  # noqa: E402
 import train as template  # noqa: E402  (Distributed-Setup/train.py)
 
+template.tf = tf  # train.py loads TensorFlow itself only in main(), after checking its flags
+
+
+def server(cluster, job):
+    return tf.compat.v1.train.Server(tf.compat.v1.train.ClusterSpec(cluster), job_name=job,
+                                     task_index=0, start=True, config=tf.compat.v1.ConfigProto(
+                                         intra_op_parallelism_threads=1))
+
 
 def cpu_seconds(pid):
     with open("/proc/%d/stat" % pid) as f:
@@ -51,13 +59,13 @@ def main():
     p.add_argument("--serve", default="", help=argparse.SUPPRESS)  # internal: be the ps
     args = p.parse_args()
     tf.compat.v1.disable_eager_execution()
-    flags = template.common_flags("x").parse_args(
-        ["--batch_size", str(args.batch_size), "--hidden", str(args.hidden)])
+    flags = template.parse_flags(["--batch_size", str(args.batch_size), "--hidden",
+                                  str(args.hidden)], template.example_flags)
     data = template.load_dataset("digits")
 
     if args.serve:
         cluster = dict(zip(("ps", "worker"), ([a] for a in args.serve.split(","))))
-        template.start_server(cluster, "ps", 0).join()  # killed by the parent when done
+        server(cluster, "ps").join()  # killed by the parent when done
 
     with tf.Graph().as_default():  # one process, the baseline
         flags.task_index = 0
@@ -65,7 +73,9 @@ def main():
             "local_train", os.path.join(ROOT, "Non-Distributed-Setup", "train.py"))
         local = sys.modules["local_train"] = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(local)
-        _, train_op, _, _ = local.build_training_graph(flags, data)
+        local.tf = tf
+        train_op = local.build_sgd(flags, *local.training_batches(
+            data, flags.batch_size, 0, 1, flags.seed)).train_op
         with tf.compat.v1.Session(config=tf.compat.v1.ConfigProto(
                 intra_op_parallelism_threads=1, inter_op_parallelism_threads=2)) as s:
             s.run(tf.compat.v1.global_variables_initializer())
@@ -82,10 +92,16 @@ def main():
     try:
         cluster = {"ps": addresses[:1], "worker": addresses[1:]}
         with tf.Graph().as_default():
-            server = template.start_server(cluster, "worker", 0)
-            template.wait_until_listening(cluster["ps"], "ps", 60)
-            global_step, train_op, _, _ = template.build_training_graph(flags, cluster, data)
-            with tf.compat.v1.Session(server.target, config=template.session_config(0)) as s:
+            worker = server(cluster, "worker")
+            for _ in range(300):  # the ps is up within a minute
+                if template.is_listening(cluster["ps"][0]):
+                    break
+                time.sleep(0.2)
+            sgd = template.build_async_sgd(flags, cluster, *template.training_batches(
+                data, flags.batch_size, 0, 1, flags.seed))
+            global_step, train_op = sgd.global_step, sgd.train_op
+            with tf.compat.v1.Session(worker.target, config=tf.compat.v1.ConfigProto(
+                    device_filters=["/job:ps", "/job:worker/task:0"])) as s:
                 s.run(tf.compat.v1.global_variables_initializer())
                 read_rate, _ = rate(s, global_step, args.steps)
                 step_rate, (worker_cpu, ps_cpu) = rate(s, train_op, args.steps,

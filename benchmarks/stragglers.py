@@ -22,8 +22,8 @@ def run(workers, backup, delay, steps):
         metrics_file = os.path.join(tmp, "metrics.json")
         proc = subprocess.run(
             ["bash", os.path.join(ROOT, "Sync-SGD", "run.sh"), "--steps", str(steps),
-             "--backup_workers", str(backup), "--straggler_delay", str(delay), "--eval_every",
-             "0", "--log_every", str(10 ** 9), "--log_dir", os.path.join(tmp, "logs"),
+             "--backup_workers", str(backup), "--straggler_delay", str(delay),
+             "--log_every", str(10 ** 9), "--log_dir", os.path.join(tmp, "logs"),
              "--metrics_file", metrics_file], env=dict(os.environ, NUM_WORKERS=str(workers)),
             capture_output=True, text=True, timeout=900)
         if proc.returncode != 0:

@@ -25,7 +25,7 @@ def run_once(example, workers, batch_size, steps, extra):
     with tempfile.TemporaryDirectory() as tmp:
         metrics_file = os.path.join(tmp, "metrics.json")
         args = ["bash", os.path.join(ROOT, example, "run.sh"), "--batch_size", str(batch_size),
-                "--steps", str(steps), "--eval_every", "0", "--log_every", str(10 ** 9),
+                "--steps", str(steps), "--log_every", str(10 ** 9),
                 "--log_dir", os.path.join(tmp, "logs"), "--metrics_file", metrics_file] + extra
         env = dict(os.environ, NUM_WORKERS=str(workers))
         proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600)
