@@ -183,6 +183,19 @@ def kill_mid_run(example, tmp_path, args=(), victim="worker1", env=None, timeout
     return run
 
 
+def assert_a_killed_worker_does_not_hang_the_others(example, tmp_path, min_global_step):
+    """SIGKILL worker1 mid-run: the chief trains on to the end and reports it lost, the ps names
+    it, run.sh exits 1 naming it, and nothing is left. Returns the chief's summary."""
+    run = kill_mid_run(example, tmp_path, ["--steps", "3000"])
+    assert run.code == 1, run.output[-3000:]
+    summary = run.summary()
+    assert summary["lost_workers"] == "1" and int(summary["global_step"]) >= min_global_step
+    assert "[ps0] error: worker(s) 1 failed or were lost" in run.output
+    assert "[run.sh] failed: worker1 (exit 137)" in run.output
+    assert_nothing_left(str(tmp_path))
+    return summary
+
+
 def in_process_cluster(num_workers=1):
     """One ps and num_workers worker servers (real gRPC servers) in this process, on free ports."""
     import tensorflow as tf
@@ -225,7 +238,7 @@ def assert_one_push_per_window(run, window, steps):
     assert steps // window <= int(summary["global_step"]) <= steps // window + 1
 
 
-# --- A real cluster inside the test process, driven op by op ---------------------------------------
+# --- A real cluster inside the test process, driven op by op -------------------------------------
 def flags(module, *argv):
     """An example's parsed flags, as its main() would parse them (a small model for speed)."""
     return module.parse_flags(["--hidden", "8"] + list(argv), module.example_flags)
