@@ -226,11 +226,12 @@ def assert_trained_to_the_bar(run, workers):
     assert "[run.sh] all processes finished" in run.output
 
 
-def assert_one_push_per_window(run, window, steps):
-    """DOWNPOUR and ADAG: each worker pushes once per whole window of local steps."""
+def assert_one_push_per_window(run, window, steps, name="window"):
+    """DOWNPOUR, ADAG, DynSGD (and the elastic exchanges of AEASGD and EAMSGD, every tau local
+    steps): each worker pushes once per whole window of local steps."""
     summary = run.summary()
     local_steps = [int(s) for s in summary["local_steps"].split(",")]
-    assert int(summary["window"]) == window, summary
+    assert int(summary[name]) == window, summary
     assert all(s > 0 and s % window == 0 for s in local_steps), local_steps
     assert int(summary["global_step"]) == sum(local_steps) // window
     # --steps counts mini-batches of all workers, so steps / window pushes, and a little more:

@@ -1,0 +1,98 @@
+"""EAMSGD: AEASGD's elastic exchange, with Nesterov momentum in each worker's local steps."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import (assert_a_killed_worker_does_not_hang_the_others, assert_one_push_per_window,
+                      assert_trained_to_the_bar, fixed_batch, flags, in_process_cluster,
+                      load_train_module, one_worker_session, run_with_defaults, values)
+
+eamsgd = load_train_module("EAMSGD")
+
+
+def started(alpha=0.3, momentum=0.9, learning_rate=0.05):
+    cluster, (worker,) = in_process_cluster()
+    args = flags(eamsgd, "--tau", "4", "--momentum", str(momentum),
+                 "--learning_rate", str(learning_rate))
+    args.alpha = alpha  # the command line refuses 0
+    return eamsgd.build_eamsgd, args, one_worker_session(eamsgd.build_eamsgd, args, cluster,
+                                                         worker)
+
+
+# --- The algorithm, op by op ----------------------------------------------------------------------
+def test_eamsgd_keeps_the_velocity_on_the_worker():
+    cluster, _ = in_process_cluster()
+    with tf.Graph().as_default():
+        ops = eamsgd.build_eamsgd(flags(eamsgd), cluster, *fixed_batch())
+        for v in ops.velocity.values():
+            assert v.device.startswith("/job:worker/task:0"), (v.name, v.device)
+            assert v not in tf.compat.v1.global_variables()  # not checkpointed, not on the ps
+        for v in ops.centre.values():
+            assert v.device.startswith("/job:ps/task:0"), (v.name, v.device)
+
+
+def test_with_alpha_zero_a_worker_follows_nesterov_momentum_exactly():
+    # TensorFlow's own MomentumOptimizer(use_nesterov=True) keeps its variable at the look-ahead
+    # point x + momentum * v, with v = -learning_rate * accumulator: the same trajectory, written
+    # another way, so it checks the look-ahead of the example independently.
+    _, args, (ops, s) = started(alpha=0.0)
+    start = values(s, ops.local_params)
+    for _ in range(5):
+        s.run(ops.local_step)
+    s.run(ops.exchange)
+    by_eamsgd = values(s, ops.local_params)
+    with tf.Graph().as_default():
+        params = {n: tf.compat.v1.Variable(v) for n, v in start.items()}
+        loss = eamsgd.model_loss_and_accuracy(params, *fixed_batch())[0]
+        optimizer = tf.compat.v1.train.MomentumOptimizer(args.learning_rate, args.momentum,
+                                                         use_nesterov=True)
+        step = optimizer.minimize(loss, var_list=list(params.values()))
+        with tf.compat.v1.Session() as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            for _ in range(5):
+                session.run(step)
+            for name, p in params.items():
+                accumulator = session.run(optimizer.get_slot(p, "momentum"))
+                x = session.run(p) + args.momentum * args.learning_rate * accumulator
+                assert np.abs(x - start[name]).max() > 1e-4
+                np.testing.assert_allclose(by_eamsgd[name], x, rtol=1e-4, atol=1e-6,
+                                           err_msg=name)
+
+
+def test_an_exchange_moves_the_parameters_and_leaves_the_velocity():
+    _, args, (ops, s) = started(alpha=0.3)
+    for _ in range(4):
+        s.run(ops.local_step)
+    local, centre, velocity = (values(s, ops.local_params), values(s, ops.centre),
+                               values(s, ops.velocity))
+    assert s.run(ops.exchange) == 1
+    local_after, centre_after = values(s, ops.local_params), values(s, ops.centre)
+    for name, v in values(s, ops.velocity).items():
+        assert np.abs(v).max() > 1e-5, "the local steps should have built up a velocity"
+        np.testing.assert_array_equal(v, velocity[name])
+        difference = local[name] - centre[name]
+        np.testing.assert_allclose(local_after[name], local[name] - 0.3 * difference,
+                                   rtol=1e-5, atol=1e-7, err_msg=name)
+        np.testing.assert_allclose(centre_after[name], centre[name] + 0.3 * difference,
+                                   rtol=1e-5, atol=1e-7, err_msg=name)
+
+
+# --- End to end through run.sh --------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def default_run(tmp_path_factory):
+    """One run with the defaults (1 ps + 2 workers), shared by the tests that read it."""
+    return run_with_defaults("EAMSGD", tmp_path_factory)
+
+
+def test_eamsgd_reaches_the_accuracy_bar_with_its_defaults(default_run):
+    assert_trained_to_the_bar(default_run, workers=2)
+    assert float(default_run.summary()["momentum"]) == 0.9
+
+
+def test_eamsgd_exchanges_once_every_tau_local_steps_per_worker(default_run):
+    assert_one_push_per_window(default_run, window=8, steps=2000, name="tau")
+
+
+def test_eamsgd_a_worker_killed_mid_run_does_not_hang_the_others(tmp_path):
+    assert_a_killed_worker_does_not_hang_the_others("EAMSGD", tmp_path, min_global_step=3000 // 8)
