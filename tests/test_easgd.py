@@ -1,0 +1,109 @@
+"""EASGD: in each synchronous round the workers and the centre pull towards each other; the
+centre becomes (1 - beta) * centre + beta * mean of the workers."""
+import threading
+import time
+
+import numpy as np
+import tensorflow as tf
+
+from conftest import (ACCURACY_BAR, assert_nothing_left, error_lines, fixed_batch, flags,
+                      in_process_cluster, kill_mid_run, load_train_module, run_train,
+                      run_with_defaults, values, worker_config)
+
+easgd = load_train_module("EASGD")
+
+
+def two_workers_in_a_round(alpha, tau=3):
+    """Two workers on a real in-process cluster, each tau local steps on its own fixed batch,
+    then one round together. Returns (centre, locals) before and after, and the global step."""
+    cluster, servers = in_process_cluster(num_workers=2)
+    sessions, ops = [], []
+    for k, server in enumerate(servers):
+        args = flags(easgd, "--task_index", str(k), "--tau", str(tau), "--alpha", str(alpha))
+        with tf.Graph().as_default() as graph:
+            ops.append(easgd.build_easgd(args, cluster, *fixed_batch(seed=k)))
+            init = [tf.compat.v1.global_variables_initializer(),
+                    tf.compat.v1.local_variables_initializer()]
+            ops[k].hook.begin()  # as the monitored session does: the chief's aggregation thread
+        session = tf.compat.v1.Session(server.target, graph=graph, config=worker_config(k))
+        if k == 0:
+            session.run(init[0])
+        session.run(init[1])
+        ops[k].hook.after_create_session(session, tf.compat.v1.train.Coordinator())
+        sessions.append(session)
+    for s, o in zip(sessions, ops):
+        for _ in range(tau):
+            s.run(o.local_step)
+    centre = values(sessions[0], ops[0].centre)
+    local = [values(s, o.local_params) for s, o in zip(sessions, ops)]
+    rounds = [threading.Thread(target=s.run, args=(o.exchange,)) for s, o in zip(sessions, ops)]
+    for r in rounds:
+        r.start()
+    for r in rounds:
+        r.join(timeout=60)
+        assert not r.is_alive(), "the round did not complete"
+    after = (values(sessions[0], ops[0].centre),
+             [values(s, o.local_params) for s, o in zip(sessions, ops)])
+    return (centre, local), after, sessions[0].run(ops[0].global_step)
+
+
+# --- The algorithm, op by op ----------------------------------------------------------------------
+def test_a_round_moves_the_centre_to_a_moving_average_of_the_workers():
+    (centre, local), (centre_after, local_after), global_step = two_workers_in_a_round(0.3)
+    beta = 2 * 0.3
+    assert global_step == 1  # one round, not one per worker
+    for name in centre:
+        mean = (local[0][name] + local[1][name]) / 2
+        assert np.abs(mean - centre[name]).max() > 1e-4, "the local steps should have moved"
+        np.testing.assert_allclose(centre_after[name], (1 - beta) * centre[name] + beta * mean,
+                                   rtol=1e-5, atol=1e-6, err_msg=name)
+        for k in (0, 1):  # each worker moved alpha of its distance to the centre before the round
+            np.testing.assert_allclose(
+                local_after[k][name], local[k][name] - 0.3 * (local[k][name] - centre[name]),
+                rtol=1e-5, atol=1e-6, err_msg=name)
+        # elastic symmetry: what the workers give up, the centre gains
+        np.testing.assert_allclose(centre_after[name] + local_after[0][name] + local_after[1][name],
+                                   centre[name] + local[0][name] + local[1][name],
+                                   rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+def test_an_alpha_that_would_carry_the_centre_past_the_mean_is_rejected():
+    code, _, stderr = run_train("EASGD", ["--job_name", "worker", "--alpha", "0.6", "--ps_hosts",
+                                          "localhost:1", "--worker_hosts", "localhost:2,localhost:3"])
+    assert code == 2
+    assert error_lines(stderr) == ["error: --alpha 0.6 with 2 workers per round moves the centre "
+                                   "past their mean (beta = 1.2 > 1): use at most 0.5"]
+
+
+# --- End to end through run.sh --------------------------------------------------------------------
+def test_easgd_reaches_the_bar_in_rounds_of_tau_steps_of_every_worker(tmp_path_factory):
+    run = run_with_defaults("EASGD", tmp_path_factory)
+    assert run.code == 0, run.output[-3000:]
+    summary = run.summary()
+    assert float(summary["test_accuracy"]) >= ACCURACY_BAR
+    assert summary["beta"] == "0.6" and summary["lost_workers"] == "0"
+    assert int(summary["global_step"]) == 125  # 2000 mini-batches, 2 workers x tau 8 a round
+    for steps in summary["local_steps"].split(","):  # every worker was in every round
+        assert abs(int(steps) - 125 * 8) <= 8, summary
+    assert "[run.sh] all processes finished" in run.output
+
+
+def test_without_backup_workers_a_killed_worker_stops_the_rest_with_a_clear_error(tmp_path):
+    run = kill_mid_run("EASGD", tmp_path, ["--steps", "200000", "--step_timeout", "5"],
+                       timeout=60)
+    assert run.code == 1
+    assert "[worker0] error: worker0: no round completed within 5 s" in run.output
+    assert "Traceback" not in run.output
+    assert time.time() - run.killed_at < 40
+    assert_nothing_left(str(tmp_path))
+
+
+def test_with_a_backup_worker_a_killed_worker_does_not_stop_training(tmp_path):
+    run = kill_mid_run("EASGD", tmp_path, ["--steps", "2000", "--backup_workers", "1",
+                                           "--alpha", "0.25"],
+                       victim="worker2", env={"NUM_WORKERS": "3"})
+    summary = run.summary()  # training completed and reported its accuracy
+    assert summary["global_step"] == "125" and summary["lost_workers"] == "1"
+    assert float(summary["test_accuracy"]) >= ACCURACY_BAR
+    assert run.code == 1 and "worker2 (exit 137)" in run.output
+    assert_nothing_left(str(tmp_path))
