@@ -6,10 +6,9 @@ What it teaches
     the centre variable on the ps, and the centre moves alpha times the sum of those distances
     towards them, all measured from the centre as it was before the round. The centre is then a
     moving average of the workers, (1 - beta) * centre + beta * mean(workers) with beta = N *
-    alpha. The round reuses Sync-SGD's machinery: SyncReplicasOptimizer averages whatever each
-    worker sends, here centre - local_params, and applies it to the centre with plain gradient
-    descent at rate beta; its tokens are the barrier before the next round, and --step_timeout
-    and --backup_workers keep a lost worker from hanging the rest.
+    alpha. The round is Sync-SGD's: SyncReplicasOptimizer averages what the workers send, here
+    centre - local_params, and applies it to the centre by gradient descent at rate beta; its
+    tokens, --step_timeout and --backup_workers carry over.
 
 The update rule (round t; N workers aggregated; the global step counts rounds)
     local_params <- centre                                  # once, when the worker starts
