@@ -260,10 +260,10 @@ def parse_flags(argv, example_flags, distributed=True):
     p.add_argument("--dataset", default="digits", choices=("digits", "mnist"), help="data set")
     example_flags(p)
     args = p.parse_args(argv)
-    for flag, value in vars(args).items():  # no number is negative, nor 0 if its default is not
-        if type(value) in (int, float) and (value < 0 or value == 0 < p.get_default(flag)):
-            fail("--%s must be %s, got %s" % (
-                flag, "positive" if p.get_default(flag) else "0 or more", value))
+    for flag, value in vars(args).items():  # no number is negative; a count, a size or a time
+        if type(value) in (int, float) and (value < 0 or value == 0 and p.get_default(flag) >= 1):
+            fail("--%s must be %s, got %s" % (  # is not 0 either (rates and factors may be)
+                flag, "positive" if p.get_default(flag) >= 1 else "0 or more", value))
     args.log_dir = args.log_dir or os.path.join(os.path.dirname(os.path.abspath(__file__)), "logs",
                                                 time.strftime("%Y%m%d-%H%M%S-") + str(os.getpid()))
     return args

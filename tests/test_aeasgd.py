@@ -15,8 +15,7 @@ aeasgd = load_train_module("AEASGD")
 def exchange_once(alpha, tau=3):
     """tau local steps and one exchange on a fixed batch: (local, centre) before and after."""
     cluster, (worker,) = in_process_cluster()
-    args = flags(aeasgd, "--tau", str(tau))
-    args.alpha = alpha  # set here: the command line refuses 0, a run whose centre never learns
+    args = flags(aeasgd, "--tau", str(tau), "--alpha", str(alpha))
     ops, s = one_worker_session(aeasgd.build_aeasgd, args, cluster, worker)
     for _ in range(tau):
         s.run(ops.local_step)

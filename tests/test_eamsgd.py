@@ -5,17 +5,17 @@ import pytest
 import tensorflow as tf
 
 from conftest import (assert_a_killed_worker_does_not_hang_the_others, assert_one_push_per_window,
-                      assert_trained_to_the_bar, fixed_batch, flags, in_process_cluster,
-                      load_train_module, one_worker_session, run_with_defaults, values)
+                      assert_trained_to_the_bar, error_lines, fixed_batch, flags,
+                      in_process_cluster, load_train_module, one_worker_session, run_train,
+                      run_with_defaults, values)
 
 eamsgd = load_train_module("EAMSGD")
 
 
 def started(alpha=0.3, momentum=0.9, learning_rate=0.05):
     cluster, (worker,) = in_process_cluster()
-    args = flags(eamsgd, "--tau", "4", "--momentum", str(momentum),
+    args = flags(eamsgd, "--tau", "4", "--momentum", str(momentum), "--alpha", str(alpha),
                  "--learning_rate", str(learning_rate))
-    args.alpha = alpha  # the command line refuses 0
     return eamsgd.build_eamsgd, args, one_worker_session(eamsgd.build_eamsgd, args, cluster,
                                                          worker)
 
@@ -96,3 +96,10 @@ def test_eamsgd_exchanges_once_every_tau_local_steps_per_worker(default_run):
 
 def test_eamsgd_a_worker_killed_mid_run_does_not_hang_the_others(tmp_path):
     assert_a_killed_worker_does_not_hang_the_others("EAMSGD", tmp_path, min_global_step=3000 // 8)
+
+
+def test_momentum_and_alpha_may_be_zero_but_tau_may_not():
+    args = flags(eamsgd, "--momentum", "0", "--alpha", "0")  # AEASGD; workers training alone
+    assert (args.momentum, args.alpha) == (0, 0)
+    code, _, stderr = run_train("EAMSGD", ["--tau", "0"])
+    assert code == 2 and error_lines(stderr) == ["error: --tau must be positive, got 0"]
