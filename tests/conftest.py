@@ -274,6 +274,39 @@ def worker_config(task_index):
     return tf.compat.v1.ConfigProto(device_filters=["/job:ps", "/job:worker/task:%d" % task_index])
 
 
+def sync_workers(build, args_per_worker):
+    """Workers of a SyncReplicasOptimizer algorithm (EASGD, DiLoCo) on a real in-process
+    cluster, each on its own fixed batch, set up as their monitored sessions would be (the
+    chief's aggregation thread included). Returns (ops, sessions), one per worker."""
+    import tensorflow as tf
+    cluster, servers = in_process_cluster(num_workers=len(args_per_worker))
+    all_ops, sessions = [], []
+    for k, (server, args) in enumerate(zip(servers, args_per_worker)):
+        with tf.Graph().as_default() as graph:
+            ops = build(args, cluster, *fixed_batch(seed=k))
+            init = [tf.compat.v1.global_variables_initializer(),
+                    tf.compat.v1.local_variables_initializer()]
+            ops.hook.begin()
+        session = tf.compat.v1.Session(server.target, graph=graph, config=worker_config(k))
+        if k == 0:
+            session.run(init[0])
+        session.run(init[1])
+        ops.hook.after_create_session(session, tf.compat.v1.train.Coordinator())
+        all_ops.append(ops)
+        sessions.append(session)
+    return all_ops, sessions
+
+
+def all_at_once(sessions, fetches, timeout=60):
+    """Run fetches[k] in sessions[k], all at the same time (a synchronous round)."""
+    threads = [threading.Thread(target=s.run, args=(f,)) for s, f in zip(sessions, fetches)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=timeout)
+        assert not t.is_alive(), "the round did not complete within %d s" % timeout
+
+
 def one_worker_session(build, args, cluster, server, batch=fixed_batch):
     """Build an algorithm for worker 0 on a fixed batch, initialised as the chief would."""
     import tensorflow as tf

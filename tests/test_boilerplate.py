@@ -73,7 +73,7 @@ def test_the_algorithm_comes_first_and_the_plumbing_does_not_grow(example):
     # Where the examples stand today, not the goal (plumbing 250 lines, 450 in all): a change
     # that makes the plumbing or a file longer has to raise these on purpose.
     assert len(lines) - banner <= 310, "%s: %d lines of plumbing" % (example, len(lines) - banner)
-    assert len(lines) <= 560, "%s: %d lines in all" % (example, len(lines))
+    assert len(lines) <= 580, "%s: %d lines in all" % (example, len(lines))  # DiLoCo: AdamW
 
 
 def test_every_distributed_run_sh_is_the_same_launcher_of_at_most_60_lines():

@@ -1,50 +1,31 @@
 """EASGD: in each synchronous round the workers and the centre pull towards each other; the
 centre becomes (1 - beta) * centre + beta * mean of the workers."""
-import threading
 import time
 
 import numpy as np
-import tensorflow as tf
 
-from conftest import (ACCURACY_BAR, assert_nothing_left, error_lines, fixed_batch, flags,
-                      in_process_cluster, kill_mid_run, load_train_module, run_train,
-                      run_with_defaults, values, worker_config)
+from conftest import (ACCURACY_BAR, all_at_once, assert_nothing_left, error_lines, flags,
+                      kill_mid_run, load_train_module, run_train, run_with_defaults, sync_workers,
+                      values)
 
 easgd = load_train_module("EASGD")
 
 
 def two_workers_in_a_round(alpha, tau=3):
-    """Two workers on a real in-process cluster, each tau local steps on its own fixed batch,
-    then one round together. Returns (centre, locals) before and after, and the global step."""
-    cluster, servers = in_process_cluster(num_workers=2)
-    sessions, ops = [], []
-    for k, server in enumerate(servers):
-        args = flags(easgd, "--task_index", str(k), "--tau", str(tau), "--alpha", str(alpha))
-        with tf.Graph().as_default() as graph:
-            ops.append(easgd.build_easgd(args, cluster, *fixed_batch(seed=k)))
-            init = [tf.compat.v1.global_variables_initializer(),
-                    tf.compat.v1.local_variables_initializer()]
-            ops[k].hook.begin()  # as the monitored session does: the chief's aggregation thread
-        session = tf.compat.v1.Session(server.target, graph=graph, config=worker_config(k))
-        if k == 0:
-            session.run(init[0])
-        session.run(init[1])
-        ops[k].hook.after_create_session(session, tf.compat.v1.train.Coordinator())
-        sessions.append(session)
+    """Two workers, each tau local steps on its own fixed batch, then one round together.
+    Returns (centre, locals) before and after, and the global step."""
+    ops, sessions = sync_workers(easgd.build_easgd, [
+        flags(easgd, "--task_index", str(k), "--tau", str(tau), "--alpha", str(alpha))
+        for k in (0, 1)])
     for s, o in zip(sessions, ops):
         for _ in range(tau):
             s.run(o.local_step)
-    centre = values(sessions[0], ops[0].centre)
-    local = [values(s, o.local_params) for s, o in zip(sessions, ops)]
-    rounds = [threading.Thread(target=s.run, args=(o.exchange,)) for s, o in zip(sessions, ops)]
-    for r in rounds:
-        r.start()
-    for r in rounds:
-        r.join(timeout=60)
-        assert not r.is_alive(), "the round did not complete"
+    before = (values(sessions[0], ops[0].centre),
+              [values(s, o.local_params) for s, o in zip(sessions, ops)])
+    all_at_once(sessions, [o.exchange for o in ops])
     after = (values(sessions[0], ops[0].centre),
              [values(s, o.local_params) for s, o in zip(sessions, ops)])
-    return (centre, local), after, sessions[0].run(ops[0].global_step)
+    return before, after, sessions[0].run(ops[0].global_step)
 
 
 # --- The algorithm, op by op ----------------------------------------------------------------------
@@ -62,7 +43,8 @@ def test_a_round_moves_the_centre_to_a_moving_average_of_the_workers():
                 local_after[k][name], local[k][name] - 0.3 * (local[k][name] - centre[name]),
                 rtol=1e-5, atol=1e-6, err_msg=name)
         # elastic symmetry: what the workers give up, the centre gains
-        np.testing.assert_allclose(centre_after[name] + local_after[0][name] + local_after[1][name],
+        np.testing.assert_allclose(centre_after[name] + local_after[0][name]
+                                   + local_after[1][name],
                                    centre[name] + local[0][name] + local[1][name],
                                    rtol=1e-5, atol=1e-5, err_msg=name)
 

@@ -1,0 +1,578 @@
+"""DiLoCo: rounds of H inner AdamW steps per worker; the averaged change is an outer gradient.
+
+What it teaches
+    Today's form of "train alone, then meet". Each round, every worker starts from the global
+    parameters, takes H steps of its own inner optimizer (AdamW), and sends its outer gradient:
+    where the round started minus where it got to. The ps applies the mean of the outer
+    gradients with an outer optimizer, SGD with Nesterov momentum. Rounds are synchronous, as
+    in Sync-SGD (SyncReplicasOptimizer: its tokens, --step_timeout and --backup_workers). With
+    --outer_optimizer sgd --outer_learning_rate 1 the global parameters become the mean of the
+    workers': Local SGD (periodic model averaging).
+
+The update rule (round t; N workers aggregated; the global step counts rounds)
+    each round, worker k:
+        local_params <- global_params_t;  start <- global_params_t          # pull
+        H times:                                                            # on the worker
+            g <- grad L(local_params; next mini-batch of k)
+            local_params <- AdamW(local_params, g)       # its moments stay on k, round to round
+        send outer_gradient_k <- start - local_params;  wait for the round
+    the ps:
+        delta <- mean of the N outer gradients of round t
+        momentum <- outer_momentum * momentum + delta                       # Nesterov:
+        global_params_{t+1} <- global_params_t - outer_lr * (delta + outer_momentum * momentum)
+
+Run it
+    bash run.sh                                    # 1 ps + 2 workers on free localhost ports
+    bash run.sh --outer_optimizer sgd --outer_learning_rate 1 --inner_optimizer sgd  # Local SGD
+    By hand or with TF_CONFIG: as in ../Distributed-Setup. --steps counts the mini-batches of
+    all workers, as in every example: a round uses N * H of them.
+
+Use your own model: edit the sections marked "(replace with your own)", Data and Model.
+
+References
+    A. Douillard et al., "DiLoCo: Distributed Low-Communication Training of Language Models",
+    arXiv:2311.08105, 2023. S. U. Stich, "Local SGD Converges Fast and Communicates Little",
+    ICLR 2019. T. Lin et al., "Don't Use Large Mini-Batches, Use Local SGD", ICLR 2020.
+"""
+import argparse
+import collections
+import json
+import os
+import socket
+import sys
+import threading
+import time
+
+import numpy as np
+
+tf = None  # TensorFlow loads once the flags are checked (run_task): bad input fails at once
+EXAMPLE = "DiLoCo"
+
+
+def example_flags(parser):
+    parser.add_argument("--inner_steps", type=int, default=10, help="H: inner steps per round")
+    parser.add_argument("--inner_optimizer", default="adamw", choices=("adamw", "sgd"))
+    parser.set_defaults(learning_rate=0.01)  # the inner optimizer's; AdamW's steps are larger
+    parser.add_argument("--weight_decay", type=float, default=0.01, help="AdamW's, decoupled")
+    parser.add_argument("--outer_optimizer", default="nesterov", choices=("nesterov", "sgd"))
+    parser.add_argument("--outer_learning_rate", type=float, default=0.7)
+    parser.add_argument("--outer_momentum", type=float, default=0.9, help="for nesterov")
+    parser.add_argument("--backup_workers", type=int, default=0,
+                        help="b: each round uses the first (workers - b) outer gradients")
+    parser.add_argument("--step_timeout", type=float, default=30,
+                        help="seconds a round may wait for the other workers before failing")
+
+
+# --- Data (replace with your own) -----------------------------------------------------------------
+# >>> shared: data
+Dataset = collections.namedtuple("Dataset", "x_train y_train x_test y_test pixel_max")
+
+
+def load_dataset(name, data_path=""):
+    """Handwritten digits as integer pixels and labels, with a fixed train/test split.
+
+    digits: scikit-learn's bundled 8x8 images (1797), offline; a fixed 20% is the test set.
+    mnist:  28x28 images (70000) from a local .npz (x_train, y_train, x_test, y_test), or
+            downloaded once by tf.keras.datasets into ~/.keras/datasets.
+    """
+    if name == "digits":
+        from sklearn.datasets import load_digits
+        from sklearn.model_selection import train_test_split
+        digits = load_digits()
+        x_train, x_test, y_train, y_test = train_test_split(
+            digits.data.astype(np.uint8), digits.target.astype(np.int64),
+            test_size=0.2, random_state=0, stratify=digits.target)
+        return Dataset(x_train, y_train, x_test, y_test, pixel_max=16)
+    try:
+        if data_path:
+            with np.load(data_path) as f:
+                (x_train, y_train), (x_test, y_test) = ((f["x_train"], f["y_train"]),
+                                                        (f["x_test"], f["y_test"]))
+        else:
+            (x_train, y_train), (x_test, y_test) = tf.keras.datasets.mnist.load_data()
+    except Exception as e:  # a missing file or no network: say which, in one line
+        fail("could not load MNIST (%s: %s); pass --data_path to a local mnist.npz"
+             % (type(e).__name__, str(e).splitlines()[0] if str(e) else ""))
+    flat = lambda x: x.reshape(len(x), -1).astype(np.uint8)
+    return Dataset(flat(x_train), y_train.astype(np.int64), flat(x_test), y_test.astype(np.int64),
+                   pixel_max=255)
+
+
+def scale(pixels, pixel_max):
+    return tf.cast(pixels, tf.float32) / float(pixel_max)
+
+
+def training_batches(data, batch_size, worker_index, num_workers, seed):
+    """This worker's endless stream of mini-batches, built in the graph (no feed_dict).
+
+    Each worker takes its own shard of the training set, so no two workers train on the same
+    example, and reshuffles it every epoch, so every step sees a new batch.
+    """
+    ds = tf.data.Dataset.from_tensor_slices((data.x_train, data.y_train))
+    ds = ds.shard(num_workers, worker_index)
+    ds = ds.shuffle(len(data.x_train) // num_workers + 1, seed=seed * 1000 + worker_index,
+                    reshuffle_each_iteration=True)
+    ds = ds.repeat().batch(batch_size, drop_remainder=True)
+    ds = ds.map(lambda x, y: (scale(x, data.pixel_max), y)).prefetch(2)
+    return tf.compat.v1.data.make_one_shot_iterator(ds).get_next()
+# <<< shared: data
+
+
+# --- Model (replace with your own) ----------------------------------------------------------------
+# >>> shared: model
+def model_params(num_features, hidden, seed, num_classes=10):
+    """The MLP's variables, created under the current device scope (the ps, in the examples)."""
+    glorot = lambda i: tf.compat.v1.glorot_uniform_initializer(seed=seed * 10 + i)
+    zeros = tf.compat.v1.zeros_initializer()
+    return collections.OrderedDict([
+        ("w1", tf.compat.v1.get_variable("w1", [num_features, hidden], initializer=glorot(1))),
+        ("b1", tf.compat.v1.get_variable("b1", [hidden], initializer=zeros)),
+        ("w2", tf.compat.v1.get_variable("w2", [hidden, num_classes], initializer=glorot(2))),
+        ("b2", tf.compat.v1.get_variable("b2", [num_classes], initializer=zeros)),
+    ])
+
+
+def model_loss_and_accuracy(params, x, y):
+    hidden = tf.nn.relu(tf.matmul(x, params["w1"]) + params["b1"])
+    logits = tf.matmul(hidden, params["w2"]) + params["b2"]
+    loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
+    accuracy = tf.reduce_mean(tf.cast(tf.equal(tf.argmax(logits, 1), y), tf.float32))
+    return loss, accuracy
+# <<< shared: model
+
+
+# --- The algorithm --------------------------------------------------------------------------------
+Diloco = collections.namedtuple("Diloco", "global_params local_params start inner_state "
+                                "global_step loss inner_step outer_step replicas_to_aggregate "
+                                "hook release_workers")
+
+
+def build_diloco(args, cluster, x, y):
+    """DiLoCo's ops for this worker, on the mini-batch stream (x, y).
+
+    inner_step  one step of the inner optimizer on local_params. Runs on this worker.
+    outer_step  send start - local_params; once N have arrived the ps applies their mean with
+                the outer optimizer (global_step counts it); then local_params, start <- global.
+    """
+    workers = len(cluster["worker"])
+    replicas_to_aggregate = workers - args.backup_workers
+    worker = "/job:worker/task:%d" % args.task_index
+    on_ps = tf.compat.v1.train.replica_device_setter(
+        cluster=tf.compat.v1.train.ClusterSpec(cluster), worker_device=worker)
+    with tf.compat.v1.device(on_ps):
+        global_step = tf.compat.v1.train.get_or_create_global_step()
+        global_params = model_params(int(x.shape[1]), args.hidden, args.seed)
+        outer = (tf.compat.v1.train.MomentumOptimizer(args.outer_learning_rate, args.outer_momentum,
+                                                      use_nesterov=True)
+                 if args.outer_optimizer == "nesterov" else
+                 tf.compat.v1.train.GradientDescentOptimizer(args.outer_learning_rate))
+        sync = tf.compat.v1.train.SyncReplicasOptimizer(
+            outer, replicas_to_aggregate=replicas_to_aggregate, total_num_replicas=workers)
+    with tf.compat.v1.device(worker):
+        # both start from the ps, once the chief has initialised it
+        local_params = worker_variables("local", global_params, lambda p: p.read_value())
+        start = worker_variables("start", global_params, lambda p: p.read_value())
+        loss = model_loss_and_accuracy(local_params, x, y)[0]
+        gradients = tf.gradients(loss, list(local_params.values()))
+        inner_state, updates = inner_optimizer(args, local_params, gradients)
+        with tf.control_dependencies(updates):
+            inner_step = tf.identity(loss, name="inner_step")
+        outer_gradients = [s.read_value() - p.read_value()
+                           for s, p in zip(start.values(), local_params.values())]
+    with tf.compat.v1.device(on_ps):
+        sent = sync.apply_gradients(list(zip(outer_gradients, global_params.values())),
+                                    global_step=global_step)
+    with tf.compat.v1.device(worker), tf.control_dependencies([sent]):  # after the round: pull
+        pulls = []
+        for name, theta in global_params.items():
+            value = theta.read_value()
+            pulls += [local_params[name].assign(value, read_value=False),
+                      start[name].assign(value, read_value=False)]
+        outer_step = tf.group(*pulls)
+    release_workers = sync.get_init_tokens_op(workers) if args.task_index == 0 else None
+    # num_tokens=0: nobody starts a second round before the first is aggregated
+    hook = sync.make_session_run_hook(is_chief=args.task_index == 0, num_tokens=0)
+    return Diloco(global_params, local_params, start, inner_state, global_step, loss, inner_step,
+                  outer_step, replicas_to_aggregate, hook, release_workers)
+
+
+def inner_optimizer(args, params, gradients):
+    """The inner optimizer's state and the updates of one step, all on this worker. AdamW
+    (Loshchilov and Hutter, "Decoupled Weight Decay Regularization", ICLR 2019) is Adam plus
+    weight decay applied to the parameters themselves, not through the gradient; its moments
+    are kept from one round to the next, as in DiLoCo."""
+    if args.inner_optimizer == "sgd":
+        return {}, [p.assign_sub(args.learning_rate * g, read_value=False)
+                    for p, g in zip(params.values(), gradients)]
+    beta1, beta2, epsilon = 0.9, 0.999, 1e-8
+    m = worker_variables("adam_m", params, lambda p: tf.zeros(p.shape))
+    v = worker_variables("adam_v", params, lambda p: tf.zeros(p.shape))
+    t = worker_variables("adam", {"t": tf.constant(0.0)}, lambda zero: zero)["t"]
+    t_next = t.assign_add(1.0)
+    bias_correction = tf.sqrt(1 - beta2 ** t_next) / (1 - beta1 ** t_next)
+    updates = []
+    for (name, p), g in zip(params.items(), gradients):
+        m_next = m[name].assign(beta1 * m[name] + (1 - beta1) * g)
+        v_next = v[name].assign(beta2 * v[name] + (1 - beta2) * tf.square(g))
+        updates.append(p.assign_sub(args.learning_rate * (
+            bias_correction * m_next / (tf.sqrt(v_next) + epsilon) + args.weight_decay * p),
+            read_value=False))
+    return {"m": m, "v": v, "t": t}, updates
+
+
+def worker_variables(prefix, like, initial_value):
+    """One variable on this worker per parameter in like, named prefix_<name>. LOCAL_VARIABLES:
+    each worker initialises its own, and checkpoints leave them out."""
+    return collections.OrderedDict(
+        (name, tf.compat.v1.Variable(initial_value(param), trainable=False,
+                                     name="%s_%s" % (prefix, name),
+                                     collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES]))
+        for name, param in like.items())
+
+
+# --- The training loop ----------------------------------------------------------------------------
+def train(args, cluster, server):
+    data = load_dataset(args.dataset, args.data_path)
+    x, y = training_batches(data, args.batch_size, args.task_index, len(cluster["worker"]),
+                            args.seed)  # no device given: the pipeline runs on this worker
+    diloco = build_diloco(args, cluster, x, y)
+    per_round = diloco.replicas_to_aggregate * args.inner_steps  # mini-batches a round uses
+    log = TrainingLog(args, cluster, diloco.global_params, data, steps_per_update=args.inner_steps)
+    round_limit = tf.compat.v1.RunOptions(timeout_in_ms=int(args.step_timeout * 1000))
+    quiet_the_aggregation_thread_at_close()
+    with log.training_session(server, -(-args.steps // per_round), [diloco.hook]) as session:
+        for log_now in log.updates(session):
+            loss = run_without_hooks(session, diloco.inner_step, repeat=args.inner_steps)
+            try:  # a round waits for the others; bound the wait, so a lost quorum is an error
+                _, step = session.run([diloco.outer_step, diloco.global_step], options=round_limit)
+            except tf.errors.DeadlineExceededError:
+                fail("%s: no round completed within %g s: a worker is missing "
+                     "(--backup_workers lets training go on without it)" % (log.role,
+                                                                             args.step_timeout))
+            if log_now:
+                log.progress(session, loss, step)
+        if log.is_chief:
+            run_without_hooks(session, diloco.release_workers)
+        return log.end(session, minibatches_per_update=per_round, inner_steps=args.inner_steps,
+                       inner_optimizer=args.inner_optimizer, outer_optimizer=args.outer_optimizer,
+                       replicas_to_aggregate=diloco.replicas_to_aggregate,
+                       backup_workers=args.backup_workers)
+
+
+def main(argv=None):
+    args = parse_flags(argv, example_flags)  # bad input fails here, before TensorFlow loads
+    cluster = resolve_cluster(args)
+    if args.backup_workers >= len(cluster["worker"]):
+        fail("--backup_workers %d needs at least %d workers (have %d)" % (
+            args.backup_workers, args.backup_workers + 1, len(cluster["worker"])))
+    return run_task(args, cluster, train)
+
+
+# ==================================================================================================
+# Plumbing shared by every example (identical text; you need not read below)
+# ==================================================================================================
+# >>> shared: flags
+def fail(message):
+    """One line on stderr and exit status 2: for bad input and lost peers, never for bugs."""
+    print("error: " + message, file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
+def parse_flags(argv, example_flags, distributed=True):
+    """The flags every example shares, then the example's own; bad values fail here."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.error = lambda message: fail(message + " (see --help)")
+    for flag, kind, default, text in [
+            ("steps", int, 2000, "mini-batches to train, summed over the workers"),
+            ("batch_size", int, 64, "examples per mini-batch"),
+            ("learning_rate", float, 0.1, "the workers' learning rate"),
+            ("hidden", int, 128, "width of the MLP's hidden layer"),
+            ("data_path", str, "", "a local mnist.npz for --dataset mnist (else it downloads)"),
+            ("log_dir", str, "", "checkpoints and summaries; an existing one resumes (default: a "
+             "new logs/<time> beside train.py)"),
+            ("seed", int, 0, "seed of the initial weights and the shuffling"),
+            ("metrics_file", str, "", "also write the summary here, as JSON"),
+            ("log_every", int, 100, "progress (the chief: test accuracy) every N local steps"),
+    ] + [("job_name", str, "", "ps or worker (or set TF_CONFIG)"),
+         ("task_index", int, 0, "this task's index in its job"),
+         ("ps_hosts", str, "", "comma-separated host:port of the ps tasks"),
+         ("worker_hosts", str, "", "comma-separated host:port of the workers"),
+         ("connect_timeout", float, 60, "seconds to wait for the other tasks")] * distributed:
+        p.add_argument("--" + flag, type=kind, default=default, help=text)
+    p.add_argument("--dataset", default="digits", choices=("digits", "mnist"), help="data set")
+    example_flags(p)
+    args = p.parse_args(argv)
+    for flag, value in vars(args).items():  # no number is negative; a count, a size or a time
+        if type(value) in (int, float) and (value < 0 or value == 0 and p.get_default(flag) >= 1):
+            fail("--%s must be %s, got %s" % (  # is not 0 either (rates and factors may be)
+                flag, "positive" if p.get_default(flag) >= 1 else "0 or more", value))
+    args.log_dir = args.log_dir or os.path.join(os.path.dirname(os.path.abspath(__file__)), "logs",
+                                                time.strftime("%Y%m%d-%H%M%S-") + str(os.getpid()))
+    return args
+# <<< shared: flags
+
+
+# >>> shared: cluster
+def resolve_cluster(args):
+    """The cluster from the flags, or else from TF_CONFIG (as TFJob, Vertex AI or SageMaker give
+    it): a "chief" or "master" task becomes worker 0 and the workers follow; an "evaluator" has
+    nothing to do (the chief evaluates). Sets args.job_name and args.task_index."""
+    job, index = args.job_name, args.task_index
+    if job or args.ps_hosts or args.worker_hosts or "TF_CONFIG" not in os.environ:
+        if not args.ps_hosts or not args.worker_hosts:
+            fail("give --ps_hosts and --worker_hosts (or set TF_CONFIG)")
+        cluster = {"ps": args.ps_hosts.replace(" ", "").split(","),
+                   "worker": args.worker_hosts.replace(" ", "").split(",")}
+    else:
+        try:
+            config = json.loads(os.environ["TF_CONFIG"])
+            spec, job, index = config["cluster"], config["task"]["type"], config["task"].get(
+                "index")
+            chief = list(spec.get("chief", [])) + list(spec.get("master", []))
+            cluster = {"ps": list(spec["ps"]), "worker": chief + list(spec.get("worker", []))}
+            job, index = ("worker", 0) if job in ("chief", "master") else (
+                job, int(index or 0) + len(chief) * (job == "worker"))
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            fail("TF_CONFIG is not valid cluster JSON (%s: %s)" % (type(e).__name__, e))
+        if job == "evaluator":
+            sys.exit(print("[evaluator] nothing to do: the chief evaluates", flush=True))
+    for name, hosts in cluster.items():
+        for host, port in (str(h).rpartition(":")[::2] for h in hosts):
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                fail("%s hosts: %r is not host:port (for example localhost:2222)"
+                     % (name, host + ":" * bool(host) + port))
+    if job not in ("ps", "worker"):
+        fail("unknown job name %r: use ps or worker" % job)
+    if not 0 <= index < len(cluster[job]):
+        fail("task index %d is out of range: the %s job has %d task(s), 0..%d"
+             % (index, job, len(cluster[job]), len(cluster[job]) - 1))
+    args.job_name, args.task_index = job, index
+    return cluster
+
+
+def run_task(args, cluster, train):
+    """Load TensorFlow, start this task's server, then serve (a ps) or train (a worker, once
+    every ps answers). A lost peer or a timeout ends the task in one line, not a traceback."""
+    global tf
+    job, index, address = args.job_name, args.task_index, cluster[args.job_name][args.task_index]
+    with socket.socket() as probe:
+        try:
+            probe.bind(("", int(address.rpartition(":")[2])))
+        except OSError:
+            fail("%s %d: port %s is already in use: is an earlier run still going?"
+                 % (job, index, address))
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before the import: no C++ info lines
+    import tensorflow as tf
+    tf.compat.v1.disable_eager_execution()
+    tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)
+    server = tf.compat.v1.train.Server(  # one thread per op leaves the cores to the others
+        tf.compat.v1.train.ClusterSpec(cluster), job_name=job, task_index=index,
+        config=tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1), start=True)
+    try:
+        if job == "ps":
+            return serve(args, cluster, server)
+        deadline = time.time() + args.connect_timeout
+        while not all(is_listening(address) for address in cluster["ps"]):
+            if time.time() > deadline:
+                fail("cannot reach the ps at %s after %.0f s: is it running? (check the hosts)"
+                     % (",".join(cluster["ps"]), args.connect_timeout))
+            time.sleep(0.2)  # back-off between connection attempts
+        return train(args, cluster, server)
+    except tf.errors.OpError as e:
+        fail("%s %d stopped: %s: %s" % (job, index, type(e).__name__, e.message.splitlines()[0]))
+
+
+def is_listening(address):
+    try:
+        socket.create_connection(address.rsplit(":", 1), timeout=1).close()
+        return True
+    except OSError:
+        return False
+# <<< shared: cluster
+
+
+# >>> shared: shutdown
+# TensorFlow servers never stop by themselves, so every process watches the others' ports. Each
+# ps keeps a record with an entry per worker: NOT_ARRIVED, then TRAINING once its session is up,
+# then its local step count once it left cleanly. A ps serves until every worker has come and
+# gone, and so does the chief before its final checkpoint; gone without an entry is lost.
+NOT_ARRIVED, TRAINING = -1, -2
+
+
+def departure_record(cluster, ps_index):  # made and initialised by the ps; never checkpointed
+    with tf.compat.v1.device("/job:ps/task:%d" % ps_index):
+        return tf.compat.v1.Variable(tf.fill([len(cluster["worker"])], np.int64(NOT_ARRIVED)),
+                                     collections=[], name="departures_ps%d" % ps_index)
+
+
+def wait_until_gone(read_record, addresses, deadline, ports_too=True):
+    """Until every worker in addresses (index: host:port) has left: its entry says so (and, with
+    ports_too, its port has closed), or it has stopped answering (lost), or it has not arrived by
+    the deadline. Returns the record then: local steps per worker, below 0 for the lost."""
+    while True:
+        record = read_record()
+        if not [w for w, address in addresses.items() if (record[w] < 0 or ports_too) and (
+                is_listening(address)) or record[w] == NOT_ARRIVED and time.time() < deadline]:
+            return read_record()  # once more: a worker may have written, then closed its port
+        time.sleep(0.25)  # the pace of the port checks
+
+
+def serve(args, cluster, server):
+    """A parameter server: serve the variables until every worker has come and gone."""
+    index, workers = args.task_index, cluster["worker"]
+    record = departure_record(cluster, index)
+    config = tf.compat.v1.ConfigProto(device_filters=["/job:ps/task:%d" % index])
+    with tf.compat.v1.Session(server.target, config=config) as session:
+        session.run(record.initializer)
+        print("[ps%d] serving %d worker(s) at %s" % (index, len(workers), cluster["ps"][index]),
+              flush=True)
+        left = wait_until_gone(lambda: session.run(record), dict(enumerate(workers)),
+                               time.time() + args.connect_timeout)
+    lost = [w for w, steps in enumerate(left) if steps < 0]
+    if lost:
+        fail("worker(s) %s failed or were lost; the ps shuts down" % ",".join(map(str, lost)))
+    print("[ps%d] all %d worker(s) done; shutting down" % (index, len(workers)), flush=True)
+    return 0
+# <<< shared: shutdown
+
+
+# >>> shared: training log
+class TrainingLog(object):
+    """A worker's bookkeeping around its loop: its session, progress lines, the chief's test
+    accuracy and summaries, timing, and the end of training (see end)."""
+
+    def __init__(self, args, cluster, params, data, steps_per_update=1):
+        self.args, self.cluster, self.steps_per_update = args, cluster, steps_per_update
+        self.role, self.is_chief = "worker%d" % args.task_index, args.task_index == 0
+        with tf.compat.v1.device("/job:worker/task:%d" % args.task_index):  # ops built now: the
+            self.test_accuracy = model_loss_and_accuracy(  # session finalizes the graph
+                params, scale(data.x_test, data.pixel_max), data.y_test)[1]
+        self.records = [departure_record(cluster, i) for i in range(len(cluster["ps"]))]
+        self.steps_done = tf.compat.v1.placeholder(tf.int64, [1])
+        self.depart = [r.scatter_update(tf.IndexedSlices(self.steps_done, [args.task_index]))
+                       for r in self.records]
+        self.global_step, self.staleness_sum = tf.compat.v1.train.get_or_create_global_step(), None
+        self.local_steps, self.start_step, self.history, self.started = 0, 0, [], time.time()
+        self.clock = self.last_log = (0, self.started, 0)  # local steps, time, global step
+
+    def training_session(self, server, last_step, hooks=()):
+        """The chief initialises or restores, and saves checkpoints and summaries; the others
+        wait here until it has (the stock session would look only every 30 s), then join."""
+        args = self.args
+        config = tf.compat.v1.ConfigProto(  # sees only the ps and this worker, or it waits for all
+            device_filters=["/job:ps", "/job:worker/task:%d" % args.task_index],
+            intra_op_parallelism_threads=1)
+        if self.is_chief:
+            print("[worker0] chief: log_dir=%s" % args.log_dir, flush=True)
+            if tf.train.latest_checkpoint(args.log_dir):
+                self.start_step = int(tf.train.load_variable(args.log_dir, "global_step"))
+                print("[worker0] resuming from the checkpoint at global step %d" % self.start_step)
+        else:
+            uninitialised = tf.compat.v1.report_uninitialized_variables(  # the chief's part:
+                tf.compat.v1.global_variables())  # local variables are each worker's own
+            with tf.compat.v1.Session(server.target, config=config) as session:
+                deadline = time.time() + args.connect_timeout
+                while len(session.run(uninitialised)) and time.time() < deadline:
+                    time.sleep(0.25)  # the pace of the checks
+        return tf.compat.v1.train.MonitoredTrainingSession(
+            master=server.target, is_chief=self.is_chief, checkpoint_dir=args.log_dir,
+            hooks=[tf.compat.v1.train.StopAtStepHook(last_step=last_step)] + list(hooks),
+            save_checkpoint_secs=30, save_summaries_steps=args.log_every, config=config,
+            log_step_count_steps=args.log_every, stop_grace_period_secs=1,  # for queue threads
+            max_wait_secs=args.connect_timeout)
+
+    def updates(self, session):
+        """Yield once per update until the session stops: True when it is to log progress. The
+        clock starts after the first update, which sets the graph up on every server."""
+        run_without_hooks(session, self.depart, {self.steps_done: [TRAINING]})
+        print("[%s] training started" % self.role, flush=True)
+        while not session.should_stop():
+            done, self.local_steps = self.local_steps, self.local_steps + self.steps_per_update
+            yield done // self.args.log_every < self.local_steps // self.args.log_every
+            if done == 0:
+                self.clock = self.last_log = (self.local_steps, time.time(),
+                                              run_without_hooks(session, self.global_step))
+        self.seconds = time.time() - self.clock[1]
+
+    def progress(self, session, loss, global_step):
+        """A progress line; the chief adds the test accuracy, and writes both to TensorBoard."""
+        line = "[%s] local_step=%d global_step=%d loss=%.4f" % (
+            self.role, self.local_steps, global_step, loss)
+        if self.is_chief:
+            line += " test_accuracy=%.4f" % self.evaluate(session, global_step, loss=loss)
+        print(line + " steps_per_sec=%.1f" % ((self.local_steps - self.last_log[0]) / (
+            time.time() - self.last_log[1])), flush=True)
+        self.last_log = self.local_steps, time.time()
+
+    def evaluate(self, session, global_step, **summaries):
+        accuracy = float(run_without_hooks(session, self.test_accuracy))
+        self.history.append([round(time.time() - self.started, 3), int(global_step), accuracy])
+        tf.compat.v1.summary.FileWriterCache.get(self.args.log_dir).add_summary(
+            tf.compat.v1.Summary(value=[tf.compat.v1.Summary.Value(tag=tag, simple_value=value)
+                                        for tag, value in dict(summaries, test_accuracy=accuracy)
+                                        .items()]), global_step)
+        return accuracy
+
+    def end(self, session, minibatches_per_update=1, **extra):
+        """The last call in the session. The chief waits for the others to leave, evaluates the
+        final parameters and prints the summary (extra: values, or functions of the summary);
+        then every worker records its local steps on each ps. The final checkpoint follows."""
+        if self.is_chief:
+            left = wait_until_gone(lambda: run_without_hooks(session, self.records[0]), dict(list(
+                enumerate(self.cluster["worker"]))[1:]), self.started + self.args.connect_timeout,
+                ports_too=False)
+            step, seconds = int(run_without_hooks(session, self.global_step)), self.seconds
+            minibatches = (step - self.clock[2]) * minibatches_per_update
+            summary = dict(
+                example=EXAMPLE, test_accuracy=self.evaluate(session, step), global_step=step,
+                workers=len(left), ps=len(self.records), lost_workers=int(sum(left[1:] < 0)),
+                local_steps=[self.local_steps] + [int(s) for s in left[1:]],
+                updates=step - self.start_step, batch_size=self.args.batch_size,
+                wall_seconds=time.time() - self.started, steps_per_sec=minibatches / seconds,
+                examples_per_sec=minibatches * self.args.batch_size / seconds)
+            if self.staleness_sum is not None:  # see count_staleness
+                summary["mean_staleness"] = run_without_hooks(session, self.staleness_sum) / max(
+                    step, 1)
+            summary.update((k, v(summary) if callable(v) else v) for k, v in extra.items())
+            print("[worker0] summary " + " ".join("%s=%s" % (k, ",".join(map(str, v)) if isinstance(
+                v, list) else "%.6g" % v if isinstance(v, float) else v)
+                for k, v in summary.items()), flush=True)
+            if self.args.metrics_file:
+                with open(self.args.metrics_file, "w") as f:
+                    json.dump(dict(summary, history=self.history), f, indent=1)
+        try:
+            run_without_hooks(session, self.depart, {self.steps_done: [self.local_steps]})
+        except tf.errors.OpError:
+            pass  # a ps is gone: it no longer needs to know
+        print("[%s] done: local_steps=%d" % (self.role, self.local_steps), flush=True)
+        return 0
+
+
+def run_without_hooks(session, fetches, feed_dict=None, repeat=1):
+    """Run fetches (repeat times) on the raw session, so that no hook adds to the traffic."""
+    def run(step_context):
+        for _ in range(repeat):
+            value = step_context.session.run(fetches, feed_dict)
+        return value
+    return session.run_step_fn(run)
+# <<< shared: training log
+
+
+# >>> shared: sync replicas
+def quiet_the_aggregation_thread_at_close():
+    """The chief's aggregation thread (a queue runner) always waits for the next step's
+    gradients; closing the session at the end cancels that wait. That is its normal end, so its
+    CancelledError is not printed as if it were a failure. Any other error still is."""
+    default_hook = threading.excepthook
+
+    def hook(info):
+        if not (issubclass(info.exc_type, tf.errors.CancelledError)
+                and info.thread.name.startswith("QueueRunnerThread")):
+            default_hook(info)
+    threading.excepthook = hook
+# <<< shared: sync replicas
+
+
+if __name__ == "__main__":
+    sys.exit(main())

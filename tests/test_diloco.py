@@ -1,0 +1,113 @@
+"""DiLoCo: H inner steps per worker, then the ps applies the mean outer gradient with Nesterov
+momentum; with plain SGD at rate 1 on the ps it is Local SGD (model averaging)."""
+import time
+
+import numpy as np
+
+from conftest import (ACCURACY_BAR, all_at_once, assert_nothing_left, flags, kill_mid_run,
+                      load_train_module, run_with_defaults, sync_workers, values)
+
+diloco = load_train_module("DiLoCo")
+
+
+def two_workers(*extra, inner_steps=3):
+    return sync_workers(diloco.build_diloco, [
+        flags(diloco, "--task_index", str(k), "--inner_steps", str(inner_steps), *extra)
+        for k in (0, 1)])
+
+
+def one_round(ops, sessions, inner_steps=3):
+    """Each worker's inner steps, then the round. Returns the global parameters before, the
+    workers' parameters just before the round, and the global parameters after."""
+    for s, o in zip(sessions, ops):
+        for _ in range(inner_steps):
+            s.run(o.inner_step)
+    before = values(sessions[0], ops[0].global_params)
+    local = [values(s, o.local_params) for s, o in zip(sessions, ops)]
+    all_at_once(sessions, [o.outer_step for o in ops])
+    return before, local, values(sessions[0], ops[0].global_params)
+
+
+# --- The algorithm, op by op ----------------------------------------------------------------------
+def test_two_rounds_apply_the_mean_outer_gradient_with_nesterov_momentum_on_the_ps():
+    ops, sessions = two_workers("--outer_learning_rate", "0.7", "--outer_momentum", "0.9")
+    momentum = {}  # the ps's momentum buffer, as the rule in the docstring keeps it
+    for round_ in (1, 2):
+        before, local, after = one_round(ops, sessions)
+        assert sessions[0].run(ops[0].global_step) == round_
+        for name in before:
+            delta = np.mean([before[name] - local[k][name] for k in (0, 1)], axis=0)
+            assert np.abs(delta).max() > 1e-4, "the inner steps should have moved %s" % name
+            momentum[name] = 0.9 * momentum.get(name, 0) + delta
+            np.testing.assert_allclose(after[name],
+                                       before[name] - 0.7 * (delta + 0.9 * momentum[name]),
+                                       rtol=1e-4, atol=1e-6,
+                                       err_msg="round %d, %s" % (round_, name))
+        # every worker starts the next round from the same global parameters
+        for s, o in zip(sessions, ops):
+            for name, value in values(s, o.local_params).items():
+                np.testing.assert_array_equal(value, after[name])
+                np.testing.assert_array_equal(values(s, o.start)[name], after[name])
+
+
+def test_with_sgd_at_rate_one_on_the_ps_it_is_local_sgd_model_averaging():
+    ops, sessions = two_workers("--outer_optimizer", "sgd", "--outer_learning_rate", "1",
+                                "--outer_momentum", "0", "--inner_optimizer", "sgd")
+    _, local, after = one_round(ops, sessions)
+    for name, value in after.items():
+        np.testing.assert_allclose(value, (local[0][name] + local[1][name]) / 2,
+                                   rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_the_adamw_state_stays_on_the_worker_and_is_kept_from_round_to_round():
+    ops, sessions = two_workers()
+    state = ops[0].inner_state
+    for v in list(state["m"].values()) + list(state["v"].values()) + [state["t"]]:
+        assert v.device.endswith("/job:worker/task:0"), (v.name, v.device)
+    for s, o in zip(sessions, ops):
+        for _ in range(3):
+            s.run(o.inner_step)
+    moments = values(sessions[0], state["m"]), values(sessions[0], state["v"])
+    all_at_once(sessions, [o.outer_step for o in ops])
+    # the round moved the parameters, not the optimizer: its moments and step count go on
+    for kept, now in zip(moments, (values(sessions[0], state["m"]),
+                                   values(sessions[0], state["v"]))):
+        for name in kept:
+            assert np.abs(kept[name]).max() > 0
+            np.testing.assert_array_equal(now[name], kept[name])
+    assert sessions[0].run(state["t"]) == 3
+    sessions[0].run(ops[0].inner_step)
+    assert sessions[0].run(state["t"]) == 4
+
+
+# --- End to end through run.sh --------------------------------------------------------------------
+def test_diloco_reaches_the_bar_in_rounds_of_h_steps_of_every_worker(tmp_path_factory):
+    run = run_with_defaults("DiLoCo", tmp_path_factory)
+    assert run.code == 0, run.output[-3000:]
+    summary = run.summary()
+    assert float(summary["test_accuracy"]) >= ACCURACY_BAR
+    assert summary["inner_optimizer"] == "adamw" and summary["outer_optimizer"] == "nesterov"
+    assert int(summary["global_step"]) == 100  # 2000 mini-batches, 2 workers x H = 10 a round
+    for steps in summary["local_steps"].split(","):  # every worker was in every round
+        assert abs(int(steps) - 100 * 10) <= 10, summary
+    assert "[run.sh] all processes finished" in run.output
+
+
+def test_without_backup_workers_a_killed_worker_stops_the_rest_with_a_clear_error(tmp_path):
+    run = kill_mid_run("DiLoCo", tmp_path, ["--steps", "200000", "--step_timeout", "5"],
+                       timeout=60)
+    assert run.code == 1
+    assert "[worker0] error: worker0: no round completed within 5 s" in run.output
+    assert "Traceback" not in run.output
+    assert time.time() - run.killed_at < 40
+    assert_nothing_left(str(tmp_path))
+
+
+def test_with_a_backup_worker_a_killed_worker_does_not_stop_training(tmp_path):
+    run = kill_mid_run("DiLoCo", tmp_path, ["--steps", "2000", "--backup_workers", "1"],
+                       victim="worker2", env={"NUM_WORKERS": "3"})
+    summary = run.summary()  # training completed and reported its accuracy
+    assert summary["global_step"] == "100" and summary["lost_workers"] == "1"
+    assert float(summary["test_accuracy"]) >= ACCURACY_BAR
+    assert run.code == 1 and "worker2 (exit 137)" in run.output
+    assert_nothing_left(str(tmp_path))
