@@ -200,6 +200,21 @@ class Network(object):
         self.addresses = {h: str(a) for h, a in zip(self.hosts, addresses)}
         self.switch = prefix + "-switch"
         self.attempted = []  # namespaces this run tried to create: the only ones it removes
+        self.hosts_files = []  # /etc/netns/<namespace>/ folders this run wrote
+
+    def name_hosts(self, names):
+        """Give every host the names in names (host: DNS name): ip netns exec mounts
+        /etc/netns/<namespace>/hosts over /etc/hosts inside each namespace."""
+        text = "127.0.0.1 localhost\n" + "".join(
+            "%s %s\n" % (self.address(h), names[h]) for h in self.hosts)
+        if not os.path.isdir("/etc/netns"):
+            self.hosts_files.append("/etc/netns")  # made here, so removed here (last)
+        for host in self.hosts:
+            folder = os.path.join("/etc/netns", self.namespace(host))
+            self.hosts_files.insert(0, folder)
+            os.makedirs(folder, exist_ok=True)
+            with open(os.path.join(folder, "hosts"), "w") as f:
+                f.write(text)
 
     def namespace(self, host):
         return "%s-%s" % (self.prefix, host)
@@ -279,7 +294,12 @@ class Network(object):
                     run_command([tool_path("ip"), "netns", "delete", name])
                 except SetupError as e:
                     problems.append(str(e))
-        self.attempted = []
+        for folder in self.hosts_files:  # its own folders, then /etc/netns if it made it
+            try:
+                os.rmdir(folder) if folder == "/etc/netns" else shutil.rmtree(folder)
+            except OSError:
+                pass  # gone already, or /etc/netns holds another run's folders now
+        self.attempted, self.hosts_files = [], []
         return problems
 
 
@@ -335,15 +355,31 @@ def tf_config(cluster, task):
     return json.dumps({"cluster": cluster, "task": {"type": task.job, "index": task.index}})
 
 
-def start_task(task, network, cluster, train_py, train_args, console):
-    """Start train.py in the task's namespace, in a process group of its own, TF_CONFIG only."""
+def start_task(task, network, cluster, train_py, train_args, console, deployment=None):
+    """Start train.py in the task's namespace, in a process group of its own, TF_CONFIG only
+    (with a deployment, the TF_CONFIG or the entrypoint that its manifest gives the pod)."""
     SIGNALS.check()
     env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
-    env.update(TF_CONFIG=tf_config(cluster, task), PYTHONUNBUFFERED="1")
+    env.update(PYTHONUNBUFFERED="1")
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    program = [train_py]
+    if deployment == "tfjob":
+        env["TF_CONFIG"] = json.dumps(deploy_module("manifests").tfjob_tf_config(
+            deployment_name(train_py), "default", len(cluster["ps"]), len(cluster["worker"]),
+            task.job, task.index))
+    elif deployment == "plain":
+        manifests = deploy_module("manifests")
+        pod = argparse.Namespace(example=os.path.basename(os.path.dirname(train_py)),
+                                 name=deployment_name(train_py), ps=len(cluster["ps"]),
+                                 workers=len(cluster["worker"]))
+        env.update((e["name"], e["value"]) for e in manifests.plain_env(pod, task.job))
+        env.update(POD_NAMESPACE="default", JOB_COMPLETION_INDEX=str(task.index))
+        program = [os.path.join(ROOT, "deploy", "entrypoint.py")]
+    else:
+        env["TF_CONFIG"] = tf_config(cluster, task)
     # ip netns exec enters the namespace and then execs python: the PID is train.py's own
-    command = [tool_path("ip"), "netns", "exec", network.namespace(task.role), sys.executable,
-               train_py] + list(train_args)
+    command = [tool_path("ip"), "netns", "exec", network.namespace(task.role),
+               sys.executable] + program + list(train_args)
     task.proc = subprocess.Popen(command, cwd=os.path.dirname(train_py), env=env,
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                  errors="replace", start_new_session=True)
@@ -353,6 +389,30 @@ def start_task(task, network, cluster, train_py, train_args, console):
     console.say("started %s pid=%d in namespace %s at %s" % (
         task.role, task.proc.pid, network.namespace(task.role),
         cluster[task.job][task.index]))
+
+
+def deploy_module(name):
+    """deploy/manifests.py or deploy/entrypoint.py, which name the hosts of a deployment."""
+    sys.path.insert(0, os.path.join(ROOT, "deploy"))
+    return __import__(name)
+
+
+def deployment_name(train_py):
+    return os.path.basename(os.path.dirname(train_py)).lower().replace("_", "-")
+
+
+def deployment_hosts(deployment, train_py, tasks):
+    """Each task's host name as the deployment's DNS would give it (role: name)."""
+    name, n = deployment_name(train_py), {job: sum(t.job == job for t in tasks)
+                                          for job in ("ps", "worker")}
+    if deployment == "tfjob":
+        config = deploy_module("manifests").tfjob_tf_config(name, "default", n["ps"], n["worker"],
+                                                            "ps", 0)
+        addresses = {t.role: config["cluster"][t.job][t.index] for t in tasks}
+    else:
+        addresses = {t.role: deploy_module("entrypoint").host(name, "default", t.job, t.index)
+                     for t in tasks}
+    return {role: address.rsplit(":", 1)[0] for role, address in addresses.items()}
 
 
 def reap(tasks):
@@ -590,6 +650,10 @@ def parser():
                    help="IPv4 subnet of the hosts' addresses; must be unused on this machine "
                         "(default: %s)" % DEFAULT_SUBNET)
     p.add_argument("--verbose", action="store_true", help="keep TensorFlow's start-up log lines")
+    p.add_argument("--deployment", choices=("tfjob", "plain"), default=None,
+                   help="run each task as its pod in deploy/manifests.py's manifest would run: "
+                        "the host names and TF_CONFIG a TFJob operator gives it, or plain "
+                        "Kubernetes' entrypoint (default: IP addresses in TF_CONFIG)")
     return p
 
 
@@ -636,12 +700,16 @@ def run_cluster(args, train_py, train_args):
                     % (args.ps, args.workers, os.path.basename(os.path.dirname(train_py)),
                        network.prefix, network.subnet, format_rate(args.bandwidth)))
         network.create()
-        cluster = {job: ["%s:%d" % (network.address(t.role), PORT) for t in tasks if t.job == job]
+        names = {t.role: network.address(t.role) for t in tasks}
+        if args.deployment:
+            names = deployment_hosts(args.deployment, train_py, tasks)
+            network.name_hosts(names)
+        cluster = {job: ["%s:%d" % (names[t.role], PORT) for t in tasks if t.job == job]
                    for job in ("ps", "worker")}
         before = {role: network.counters(role) for role in roles}
         deadline = time.time() + args.timeout
         for task in tasks:
-            start_task(task, network, cluster, train_py, train_args, console)
+            start_task(task, network, cluster, train_py, train_args, console, args.deployment)
         failed = supervise(tasks, console, deadline, args.keep_going)
         stop_tasks(tasks)  # whatever still runs after a failure or a timeout
         after = {role: network.counters(role) for role in roles}
