@@ -595,9 +595,13 @@ def find_train_py(example):
     if not os.path.isfile(train_py):
         raise SetupError("%s has no train.py: give an example folder such as Hogwild" % example)
     with open(train_py) as f:
-        if "TF_CONFIG" not in f.read():
-            raise SetupError("%s/train.py is not distributed: it does not read TF_CONFIG"
-                             % example)
+        text = f.read()
+    if "TF_CONFIG" not in text:
+        raise SetupError("%s/train.py is not distributed: it does not read TF_CONFIG"
+                         % example)
+    if "# >>> shared: cluster" not in text:  # a coordinator or no ps: another set of tasks
+        raise SetupError("%s runs other tasks than ps and workers; this tool runs the examples "
+                         "with the ps/worker cluster plumbing" % example)
     return train_py
 
 

@@ -11,7 +11,8 @@ from conftest import DISTRIBUTED_EXAMPLES, EXAMPLES, example_dir
 BLOCK = re.compile(r"^# >>> shared: (.+?)\n(.*?)^# <<< shared: \1$", re.S | re.M)
 EVERY_TRAIN_PY = {"flags", "data", "model"}
 DISTRIBUTED_TRAIN_PY = EVERY_TRAIN_PY | {"cluster", "shutdown", "training log"}
-ALLOWED_IMPORTS = {"argparse", "collections", "json", "os", "socket", "sys", "threading", "time",
+ALLOWED_IMPORTS = {"argparse", "collections", "json", "os", "shutil", "socket", "sys", "tempfile",
+                   "threading", "time",
                    "numpy", "tensorflow", "sklearn"}
 BANNER = "# Plumbing shared by every example (identical text; you need not read below)"
 SECTIONS = ["# --- Data (replace with your own) ", "# --- Model (replace with your own) ",

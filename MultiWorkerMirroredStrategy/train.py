@@ -1,0 +1,417 @@
+"""MultiWorkerMirroredStrategy: synchronous training by all-reduce, with no parameter server.
+
+What it teaches
+    TensorFlow 2's synchronous data parallelism across machines. Every worker holds a full copy
+    of the parameters (a mirrored variable) and runs the same program; each step, every worker
+    computes a gradient on its own mini-batch, the workers add up their gradients among
+    themselves with an all-reduce (a collective operation: every worker sends and receives
+    parts, nobody is in the middle), and each applies the same mean gradient to its copy, so
+    the copies stay identical. Compared with ../Sync-SGD: no ps that every gradient crosses,
+    no stale gradient to drop, but no backup workers either: a step needs every worker, and a
+    lost worker stops the others (here within --step_timeout, with one line) until a rerun
+    resumes from the last checkpoint.
+
+The update rule (step t; N workers; the global step counts synchronous steps)
+    each worker k:  g_k <- grad L(params_t; next mini-batch of k)
+                    g   <- all-reduce mean of g_1 .. g_N                 # among the workers
+                    params_{t+1} <- params_t - learning_rate_eff * g     # on every copy
+    learning_rate_eff = N * learning_rate: the mean of N gradients is one step for N mini-batches
+    (the linear scaling rule, as in Sync-SGD).
+
+Run it
+    bash run.sh                                    # 2 workers on free localhost ports
+    NUM_WORKERS=3 bash run.sh --steps 3000
+    By hand: every worker gets --worker_hosts and its --task_index (--job_name worker); or
+    TF_CONFIG with a "worker" job, as the strategy reads it.
+
+Use your own model: edit the sections marked "(replace with your own)", Data and Model.
+
+References
+    TensorFlow guide "Multi-worker training with a custom training loop";
+    tf.distribute.MultiWorkerMirroredStrategy. P. Goyal et al., "Accurate, Large Minibatch
+    SGD: Training ImageNet in 1 Hour", arXiv:1706.02677 (the linear scaling rule).
+"""
+import argparse
+import collections
+import json
+import os
+import shutil
+import socket
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+tf = None  # TensorFlow loads once the flags are checked (start_tensorflow): bad input fails at once
+EXAMPLE = "MultiWorkerMirroredStrategy"
+
+
+def example_flags(parser):
+    parser.add_argument("--step_timeout", type=float, default=20,
+                        help="seconds a collective may wait for the other workers")
+
+
+# --- Data (replace with your own) -----------------------------------------------------------------
+# >>> shared: data
+Dataset = collections.namedtuple("Dataset", "x_train y_train x_test y_test pixel_max")
+
+
+def load_dataset(name, data_path=""):
+    """Handwritten digits as integer pixels and labels, with a fixed train/test split.
+
+    digits: scikit-learn's bundled 8x8 images (1797), offline; a fixed 20% is the test set.
+    mnist:  28x28 images (70000) from a local .npz (x_train, y_train, x_test, y_test), or
+            downloaded once by tf.keras.datasets into ~/.keras/datasets.
+    """
+    if name == "digits":
+        from sklearn.datasets import load_digits
+        from sklearn.model_selection import train_test_split
+        digits = load_digits()
+        x_train, x_test, y_train, y_test = train_test_split(
+            digits.data.astype(np.uint8), digits.target.astype(np.int64),
+            test_size=0.2, random_state=0, stratify=digits.target)
+        return Dataset(x_train, y_train, x_test, y_test, pixel_max=16)
+    try:
+        if data_path:
+            with np.load(data_path) as f:
+                (x_train, y_train), (x_test, y_test) = ((f["x_train"], f["y_train"]),
+                                                        (f["x_test"], f["y_test"]))
+        else:
+            (x_train, y_train), (x_test, y_test) = tf.keras.datasets.mnist.load_data()
+    except Exception as e:  # a missing file or no network: say which, in one line
+        fail("could not load MNIST (%s: %s); pass --data_path to a local mnist.npz"
+             % (type(e).__name__, str(e).splitlines()[0] if str(e) else ""))
+    flat = lambda x: x.reshape(len(x), -1).astype(np.uint8)
+    return Dataset(flat(x_train), y_train.astype(np.int64), flat(x_test), y_test.astype(np.int64),
+                   pixel_max=255)
+
+
+def scale(pixels, pixel_max):
+    return tf.cast(pixels, tf.float32) / float(pixel_max)
+
+
+def training_batches(data, batch_size, worker_index, num_workers, seed):
+    """This worker's endless stream of mini-batches, built in the graph (no feed_dict).
+
+    Each worker takes its own shard of the training set, so no two workers train on the same
+    example, and reshuffles it every epoch, so every step sees a new batch.
+    """
+    ds = tf.data.Dataset.from_tensor_slices((data.x_train, data.y_train))
+    ds = ds.shard(num_workers, worker_index)
+    ds = ds.shuffle(len(data.x_train) // num_workers + 1, seed=seed * 1000 + worker_index,
+                    reshuffle_each_iteration=True)
+    ds = ds.repeat().batch(batch_size, drop_remainder=True)
+    ds = ds.map(lambda x, y: (scale(x, data.pixel_max), y)).prefetch(2)
+    return tf.compat.v1.data.make_one_shot_iterator(ds).get_next()
+# <<< shared: data
+
+
+# --- Model (replace with your own) ----------------------------------------------------------------
+# >>> shared: model
+def model_params(num_features, hidden, seed, num_classes=10):
+    """The MLP's variables, created under the current device scope (the ps, in the examples)."""
+    glorot = lambda i: tf.compat.v1.glorot_uniform_initializer(seed=seed * 10 + i)
+    zeros = tf.compat.v1.zeros_initializer()
+    return collections.OrderedDict([
+        ("w1", tf.compat.v1.get_variable("w1", [num_features, hidden], initializer=glorot(1))),
+        ("b1", tf.compat.v1.get_variable("b1", [hidden], initializer=zeros)),
+        ("w2", tf.compat.v1.get_variable("w2", [hidden, num_classes], initializer=glorot(2))),
+        ("b2", tf.compat.v1.get_variable("b2", [num_classes], initializer=zeros)),
+    ])
+
+
+def model_loss_and_accuracy(params, x, y):
+    hidden = tf.nn.relu(tf.matmul(x, params["w1"]) + params["b1"])
+    logits = tf.matmul(hidden, params["w2"]) + params["b2"]
+    loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
+    accuracy = tf.reduce_mean(tf.cast(tf.equal(tf.argmax(logits, 1), y), tf.float32))
+    return loss, accuracy
+# <<< shared: model
+
+
+# --- The algorithm --------------------------------------------------------------------------------
+Mirrored = collections.namedtuple("Mirrored", "strategy params global_step iterator train_step")
+
+
+def build_mirrored(args, cluster, data):
+    """The strategy, the mirrored variables, this worker's dataset, and one synchronous step."""
+    workers = len(cluster["worker"])
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(  # reads TF_CONFIG; waits for all
+        communication_options=tf.distribute.experimental.CommunicationOptions(
+            timeout_seconds=args.step_timeout))
+    with strategy.scope():  # a copy on every worker; the initial values come from worker 0
+        params = model_params(data.x_train.shape[1], args.hidden, args.seed)
+        global_step = tf.Variable(0, dtype=tf.int64, name="global_step")
+
+    def dataset_fn(context):  # this worker's own part of the training set
+        ds = tf.data.Dataset.from_tensor_slices((data.x_train, data.y_train))
+        ds = ds.shard(context.num_input_pipelines, context.input_pipeline_id)
+        ds = ds.shuffle(len(data.x_train), seed=args.seed + context.input_pipeline_id)
+        return ds.repeat().batch(args.batch_size, drop_remainder=True).map(
+            lambda x, y: (scale(x, data.pixel_max), y)).prefetch(2)
+    iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
+    learning_rate = args.learning_rate * workers  # the linear scaling rule
+
+    @tf.function
+    def train_step(iterator):
+        def step(x, y):  # on every worker, in lockstep
+            with tf.GradientTape() as tape:
+                loss = model_loss_and_accuracy(params, x, y)[0]
+            gradients = tape.gradient(loss, list(params.values()))
+            mean = tf.distribute.get_replica_context().all_reduce("mean", gradients)
+            for p, g in zip(params.values(), mean):
+                p.assign_sub(learning_rate * g)
+            return loss
+        loss = strategy.run(step, args=next(iterator))
+        global_step.assign_add(1)
+        return strategy.reduce("mean", loss, axis=None)
+    return Mirrored(strategy, params, global_step, iterator, train_step)
+
+
+# --- The training loop ----------------------------------------------------------------------------
+def train(args, cluster):
+    """Every worker runs this loop; worker 0 (the chief) reports and keeps the checkpoints."""
+    data = load_dataset(args.dataset, args.data_path)
+    workers = len(cluster["worker"])
+    mirrored = build_mirrored(args, cluster, data)
+    log = Tf2Log(args, cluster, mirrored.params, data, tf.train.Checkpoint(
+        global_step=mirrored.global_step, **mirrored.params), is_chief=args.task_index == 0)
+    last_step = -(-args.steps // workers)  # --steps counts the mini-batches of all workers
+    for step in range(log.start_step + 1, last_step + 1):
+        loss = mirrored.train_step(mirrored.iterator)
+        if step % args.log_every == 0 or step == last_step:
+            log.progress(float(loss), step)  # every worker saves: a checkpoint is collective
+    checksum = sum(float(tf.reduce_sum(p)) for p in mirrored.params.values())
+    print("[worker%d] done: parameters checksum=%.9g" % (args.task_index, checksum), flush=True)
+    steps = int(mirrored.global_step.numpy())
+    return log.end(steps, [steps] * workers, minibatches_per_update=workers,
+                   learning_rate_eff=args.learning_rate * workers)
+
+
+def main(argv=None):
+    args = parse_flags(argv, example_flags)  # bad input fails here, before TensorFlow loads
+    cluster = tf2_cluster(args, ("worker",))
+    start_tensorflow(args, cluster)
+    return run_and_exit(train, args, cluster)
+
+
+# ==================================================================================================
+# Plumbing shared by every example (identical text; you need not read below)
+# ==================================================================================================
+# >>> shared: flags
+def fail(message):
+    """One line on stderr and exit status 2: for bad input and lost peers, never for bugs."""
+    print("error: " + message, file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
+def parse_flags(argv, example_flags, distributed=True):
+    """The flags every example shares, then the example's own; bad values fail here."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.error = lambda message: fail(message + " (see --help)")
+    for flag, kind, default, text in [
+            ("steps", int, 2000, "mini-batches to train, summed over the workers"),
+            ("batch_size", int, 64, "examples per mini-batch"),
+            ("learning_rate", float, 0.1, "the workers' learning rate"),
+            ("hidden", int, 128, "width of the MLP's hidden layer"),
+            ("data_path", str, "", "a local mnist.npz for --dataset mnist (else it downloads)"),
+            ("log_dir", str, "", "checkpoints and summaries; an existing one resumes (default: a "
+             "new logs/<time> beside train.py)"),
+            ("seed", int, 0, "seed of the initial weights and the shuffling"),
+            ("metrics_file", str, "", "also write the summary here, as JSON"),
+            ("log_every", int, 100, "progress (the chief: test accuracy) every N local steps"),
+    ] + [("job_name", str, "", "ps or worker (or set TF_CONFIG)"),
+         ("task_index", int, 0, "this task's index in its job"),
+         ("ps_hosts", str, "", "comma-separated host:port of the ps tasks"),
+         ("worker_hosts", str, "", "comma-separated host:port of the workers"),
+         ("connect_timeout", float, 60, "seconds to wait for the other tasks")] * distributed:
+        p.add_argument("--" + flag, type=kind, default=default, help=text)
+    p.add_argument("--dataset", default="digits", choices=("digits", "mnist"), help="data set")
+    example_flags(p)
+    args = p.parse_args(argv)
+    for flag, value in vars(args).items():  # no number is negative; a count, a size or a time
+        if type(value) in (int, float) and (value < 0 or value == 0 and p.get_default(flag) >= 1):
+            fail("--%s must be %s, got %s" % (  # is not 0 either (rates and factors may be)
+                flag, "positive" if p.get_default(flag) >= 1 else "0 or more", value))
+    args.log_dir = args.log_dir or os.path.join(os.path.dirname(os.path.abspath(__file__)), "logs",
+                                                time.strftime("%Y%m%d-%H%M%S-") + str(os.getpid()))
+    return args
+# <<< shared: flags
+
+
+# >>> shared: tf2 cluster
+def tf2_cluster(args, jobs):
+    """The cluster from the flags, or else from TF_CONFIG; jobs: the job names this example
+    uses. Writes the result into TF_CONFIG (where the strategies read it) and sets
+    args.job_name and args.task_index."""
+    given = {"chief": getattr(args, "chief_host", ""), "worker": args.worker_hosts,
+             "ps": args.ps_hosts}
+    if args.job_name or any(given.values()) or "TF_CONFIG" not in os.environ:
+        cluster = {job: given[job].replace(" ", "").split(",") for job in jobs if given[job]}
+        if len(cluster) < len(jobs):
+            fail("give %s (or set TF_CONFIG)" % " and ".join(
+                "--%s_host%s" % (job, "" if job == "chief" else "s") for job in jobs))
+        job, index = args.job_name, args.task_index
+    else:
+        try:
+            config = json.loads(os.environ["TF_CONFIG"])
+            cluster = {job: list(config["cluster"][job]) for job in jobs}
+            job, index = config["task"]["type"], int(config["task"].get("index") or 0)
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            fail("TF_CONFIG is not valid cluster JSON for %s (%s: %s)" % (
+                "/".join(jobs), type(e).__name__, e))
+    for name, hosts in cluster.items():
+        for host, port in (str(h).rpartition(":")[::2] for h in hosts):
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                fail("%s hosts: %r is not host:port (for example localhost:2222)"
+                     % (name, host + ":" * bool(host) + port))
+    if job not in cluster:
+        fail("unknown job name %r: use %s" % (job, " or ".join(jobs)))
+    if not 0 <= index < len(cluster[job]):
+        fail("task index %d is out of range: the %s job has %d task(s), 0..%d"
+             % (index, job, len(cluster[job]), len(cluster[job]) - 1))
+    os.environ["TF_CONFIG"] = json.dumps({"cluster": cluster,
+                                          "task": {"type": job, "index": index}})
+    args.job_name, args.task_index = job, index
+    return cluster
+
+
+def start_tensorflow(args, cluster):
+    """Check this task's port, then load TensorFlow (eager, as TensorFlow 2 runs)."""
+    global tf
+    address = cluster[args.job_name][args.task_index]
+    with socket.socket() as probe:
+        try:
+            probe.bind(("", int(address.rpartition(":")[2])))
+        except OSError:
+            fail("%s %d: port %s is already in use: is an earlier run still going?"
+                 % (args.job_name, args.task_index, address))
+    if os.environ.get("VERBOSE") != "1":  # before the import: TensorFlow's C++ log reports
+        os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"  # every peer that leaves as an error
+    import tensorflow as tf
+    tf.get_logger().setLevel("ERROR")
+
+
+def is_listening(address):
+    try:
+        socket.create_connection(address.rsplit(":", 1), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+def serve_until_gone(args, cluster, watched):
+    """A server that has nothing to run itself (a ps; a worker the coordinator drives): serve
+    until the process at address watched has come and gone. TensorFlow's server never stops
+    and join() ignores SIGTERM, so the process ends itself once it is no longer needed."""
+    role = "%s%d" % (args.job_name, args.task_index)
+    tf.distribute.Server(tf.train.ClusterSpec(cluster), job_name=args.job_name,
+                         task_index=args.task_index, protocol="grpc", start=True)
+    print("[%s] serving at %s until %s is done" % (role, cluster[args.job_name][
+        args.task_index], watched), flush=True)
+    deadline = time.time() + args.connect_timeout
+    while not is_listening(watched):
+        if time.time() > deadline:
+            fail("%s: %s did not come up within %.0f s" % (role, watched, args.connect_timeout))
+        time.sleep(0.25)  # the pace of the checks
+    while is_listening(watched):
+        time.sleep(0.25)
+    print("[%s] %s is gone; shutting down" % (role, watched), flush=True)
+    os._exit(0)  # the server's threads would keep an ordinary exit waiting forever
+
+
+def run_and_exit(train, args, cluster):
+    """Run train; a lost peer ends the task in one line. Then exit at once: the strategy's
+    threads would keep an ordinary exit waiting for servers that are gone."""
+    try:
+        code = train(args, cluster)
+    except tf.errors.OpError as e:
+        lost = isinstance(e, (tf.errors.UnavailableError, tf.errors.DeadlineExceededError))
+        print("error: %s %d stopped: %s: %s" % (
+            args.job_name, args.task_index, type(e).__name__, "a peer is gone or did not answer"
+            " in time" if lost else e.message.splitlines()[0][:200]), file=sys.stderr)
+        code = 2
+    sys.stdout.flush(), sys.stderr.flush()
+    os._exit(code)
+# <<< shared: tf2 cluster
+
+
+# >>> shared: tf2 log
+class Tf2Log(object):
+    """The chief's bookkeeping: resume from and write checkpoints, progress lines with the test
+    accuracy, TensorBoard summaries, and the summary at the end (the same as every example's)."""
+
+    def __init__(self, args, cluster, params, data, checkpoint, is_chief=True):
+        self.args, self.cluster, self.params, self.is_chief = args, cluster, params, is_chief
+        self.x_test, self.y_test = scale(data.x_test, data.pixel_max), data.y_test
+        # every task restores from the chief's checkpoints; only the chief's saves are kept
+        # (with MultiWorkerMirroredStrategy every task must save: the others save to scratch)
+        self.scratch = None if is_chief else tempfile.mkdtemp(prefix="checkpoint-scratch-")
+        self.manager = tf.train.CheckpointManager(checkpoint, self.scratch or args.log_dir,
+                                                  max_to_keep=3)
+        latest, self.start_step = tf.train.latest_checkpoint(args.log_dir), 0
+        if latest:
+            checkpoint.restore(latest)
+            self.start_step = int(checkpoint.global_step.numpy())
+            print("[%s] resuming from the checkpoint at global step %d" % (
+                self.role(), self.start_step), flush=True)
+        self.global_step = checkpoint.global_step
+        self.writer = tf.summary.create_file_writer(args.log_dir) if is_chief else None
+        self.history, self.started = [], time.time()
+        self.last_log = (self.start_step, self.started)
+        print("[%s] training started: log_dir=%s" % (self.role(), args.log_dir), flush=True)
+
+    def role(self):
+        return "%s%d" % (self.args.job_name, self.args.task_index)
+
+    def evaluate(self, global_step, **scalars):
+        accuracy = float(model_loss_and_accuracy(self.params, self.x_test, self.y_test)[1])
+        self.history.append([round(time.time() - self.started, 3), global_step, accuracy])
+        scalar = tf.compat.v1.SummaryMetadata(plugin_data=tf.compat.v1.SummaryMetadata.PluginData(
+            plugin_name="scalars")).SerializeToString()  # what TensorBoard reads as a scalar
+        with self.writer.as_default():  # (tf.summary.scalar itself needs the tensorboard package)
+            for tag, value in dict(scalars, test_accuracy=accuracy).items():
+                tf.summary.write(tag, tf.constant(value, tf.float32), global_step, scalar)
+        return accuracy
+
+    def progress(self, loss, global_step):
+        """A progress line, a checkpoint; the chief adds the test accuracy and summaries."""
+        line = "[%s] global_step=%d loss=%.4f" % (self.role(), global_step, loss)
+        if self.is_chief:
+            line += " test_accuracy=%.4f" % self.evaluate(global_step, loss=loss)
+        now = time.time()
+        print(line + " steps_per_sec=%.1f" % ((global_step - self.last_log[0]) / max(
+            now - self.last_log[1], 1e-9)), flush=True)
+        self.last_log = (global_step, now)
+        self.manager.save(checkpoint_number=global_step)
+
+    def end(self, global_step, local_steps, lost_workers=0, minibatches_per_update=1, **extra):
+        """The final checkpoint; the chief evaluates and prints the summary (and its JSON)."""
+        self.manager.save(checkpoint_number=global_step)
+        if not self.is_chief:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+            return 0
+        seconds = time.time() - self.started
+        minibatches = (global_step - self.start_step) * minibatches_per_update
+        summary = dict(
+            example=EXAMPLE, test_accuracy=self.evaluate(global_step), global_step=global_step,
+            workers=len(self.cluster["worker"]), ps=len(self.cluster.get("ps", [])),
+            lost_workers=lost_workers, local_steps=local_steps,
+            updates=global_step - self.start_step,
+            batch_size=self.args.batch_size, wall_seconds=seconds,
+            steps_per_sec=minibatches / seconds,
+            examples_per_sec=minibatches * self.args.batch_size / seconds, **extra)
+        print("[%s] summary " % self.role() + " ".join("%s=%s" % (k, ",".join(map(str, v)) if (
+            isinstance(v, list)) else "%.6g" % v if isinstance(v, float) else v)
+            for k, v in summary.items()), flush=True)
+        if self.args.metrics_file:
+            with open(self.args.metrics_file, "w") as f:
+                json.dump(dict(summary, history=self.history), f, indent=1)
+        return 0
+# <<< shared: tf2 log
+
+
+if __name__ == "__main__":
+    sys.exit(main())

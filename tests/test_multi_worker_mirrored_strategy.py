@@ -1,0 +1,62 @@
+"""MultiWorkerMirroredStrategy: every worker a full copy, gradients summed by all-reduce; copies
+stay identical; a lost worker stops the others in one line, and a rerun resumes."""
+import os
+import signal
+import time
+
+from conftest import (ACCURACY_BAR, assert_nothing_left, error_lines, finish, read_until,
+                      run_train, start_example)
+
+EXAMPLE = "MultiWorkerMirroredStrategy"
+
+
+def checksums(output):
+    return {l.split("]")[0][1:]: l.split("checksum=")[1] for l in output.splitlines()
+            if "done: parameters checksum=" in l}
+
+
+def test_the_workers_train_to_the_bar_in_lockstep_and_hold_identical_parameters(run_example):
+    run = run_example(EXAMPLE, timeout=240)
+    assert run.code == 0, run.output[-3000:]
+    summary = run.summary()
+    assert float(summary["test_accuracy"]) >= ACCURACY_BAR
+    assert summary["global_step"] == "1000"  # 2000 mini-batches, two in every step
+    assert summary["local_steps"] == "1000,1000" and summary["ps"] == "0"
+    sums = checksums(run.output)
+    assert sorted(sums) == ["worker0", "worker1"] and len(set(sums.values())) == 1, sums
+    assert "[run.sh] all processes finished" in run.output
+
+
+def test_a_killed_worker_stops_the_other_in_one_line_and_a_rerun_resumes(tmp_path):
+    log_dir = str(tmp_path / "logs")
+    proc = start_example(EXAMPLE, ["--log_dir", log_dir, "--steps", "40000", "--log_every",
+                                   "100"])
+    seen = read_until(proc, "[worker0] global_step=200 ", timeout=180)
+    os.kill(int(seen.split("started worker1 pid=")[1].split()[0]), signal.SIGKILL)
+    killed_at = time.time()
+    run = finish(proc, timeout=60)
+    assert run.code == 1 and time.time() - killed_at < 30
+    assert ("[worker0] error: worker 0 stopped: UnavailableError: a peer is gone or did not "
+            "answer in time") in run.output or ("[worker0] error: worker 0 stopped: "
+                                                "DeadlineExceededError") in run.output, run.output
+    assert "Traceback" not in run.output
+    assert_nothing_left(str(tmp_path))
+    again = finish(start_example(EXAMPLE, ["--log_dir", log_dir, "--steps", "600"]), timeout=180)
+    assert again.code == 0, again.output[-3000:]
+    resumed = {int(l.split()[-1]) for l in again.output.splitlines()
+               if "resuming from the checkpoint at global step" in l}
+    assert len(resumed) == 1 and 100 <= min(resumed) <= 300, again.output[-3000:]  # both
+    summary = again.summary()  # on to --steps 600: 300 steps of two mini-batches
+    assert summary["global_step"] == "300"
+    assert int(summary["updates"]) == 300 - min(resumed)
+    assert_nothing_left(str(tmp_path))
+
+
+def test_bad_input_fails_in_one_line_before_tensorflow_loads():
+    started = time.time()
+    code, _, stderr = run_train(EXAMPLE, ["--job_name", "ps", "--worker_hosts", "localhost:2"])
+    assert code == 2 and error_lines(stderr) == ["error: unknown job name 'ps': use worker"]
+    code, _, stderr = run_train(EXAMPLE, ["--job_name", "worker", "--worker_hosts", "a:1,b"])
+    assert code == 2 and error_lines(stderr) == [
+        "error: worker hosts: 'b' is not host:port (for example localhost:2222)"]
+    assert time.time() - started < 10

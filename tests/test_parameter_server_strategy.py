@@ -1,0 +1,70 @@
+"""ParameterServerStrategy: a coordinator schedules steps onto workers; variables on the ps, in
+shards over several ps; a lost worker's work moves to the others; every process ends by itself."""
+import os
+import signal
+import time
+
+from conftest import (ACCURACY_BAR, assert_nothing_left, error_lines, finish, free_port,
+                      read_until, run_train, start_example)
+
+EXAMPLE = "ParameterServerStrategy"
+
+
+def test_the_coordinator_trains_to_the_bar_and_every_process_ends_by_itself(run_example):
+    run = run_example(EXAMPLE, timeout=240)
+    assert run.code == 0, run.output[-3000:]
+    summary = run.summary()
+    assert float(summary["test_accuracy"]) >= ACCURACY_BAR
+    assert summary["global_step"] == "2000" and summary["lost_workers"] == "0"
+    local_steps = [int(s) for s in summary["local_steps"].split(",")]
+    assert len(local_steps) == 2 and sum(local_steps) == 2000 and min(local_steps) > 0
+    for role in ("ps0", "worker0", "worker1"):  # nobody had to be killed
+        assert any(l.startswith("[%s] localhost:" % role) and l.endswith(
+            "is gone; shutting down") for l in run.output.splitlines()), role
+    assert "[run.sh] all processes finished" in run.output
+
+
+def test_with_two_ps_the_large_variable_is_split_over_both(run_example):
+    run = run_example(EXAMPLE, "--steps", "200", env={"NUM_PS": "2"}, timeout=240)
+    assert run.code == 0, run.output[-3000:]
+    w1 = [l for l in run.output.splitlines() if l.startswith("[chief0] w1 [64, 128] on ")]
+    assert w1 and sorted(w1[0].split(" on ")[1].split(", ")) == [
+        "/job:ps/replica:0/task:0", "/job:ps/replica:0/task:1"], run.output[-3000:]
+
+
+def test_a_killed_worker_does_not_stop_the_coordinator(tmp_path):
+    proc = start_example(EXAMPLE, ["--log_dir", str(tmp_path / "logs"), "--steps", "6000"])
+    seen = read_until(proc, "[chief0] global_step=", timeout=120)
+    os.kill(int(seen.split("started worker1 pid=")[1].split()[0]), signal.SIGKILL)
+    run = finish(proc, timeout=180)
+    summary = run.summary()  # the other worker did the rest
+    assert summary["global_step"] == "6000" and summary["lost_workers"] == "1"
+    assert float(summary["test_accuracy"]) >= ACCURACY_BAR
+    assert run.code == 1 and "[run.sh] failed: worker1 (exit 137)" in run.output
+    assert_nothing_left(str(tmp_path))
+
+
+def test_bad_input_fails_in_one_line_before_tensorflow_loads():
+    hosts = ["--ps_hosts", "localhost:1", "--worker_hosts", "localhost:2", "--chief_host",
+             "localhost:3"]
+    started = time.time()
+    code, _, stderr = run_train(EXAMPLE, ["--job_name", "evaluator"] + hosts)
+    assert code == 2 and error_lines(stderr) == [
+        "error: unknown job name 'evaluator': use chief or worker or ps"]
+    assert time.time() - started < 10
+    code, _, stderr = run_train(EXAMPLE, ["--job_name", "worker", "--task_index", "1"] + hosts)
+    assert code == 2 and error_lines(stderr) == [
+        "error: task index 1 is out of range: the worker job has 1 task(s), 0..0"]
+    code, _, stderr = run_train(EXAMPLE, ["--job_name", "ps", "--ps_hosts", "localhost"])
+    assert code == 2 and len(error_lines(stderr)) == 1
+
+
+def test_a_server_whose_coordinator_never_comes_ends_with_one_line():
+    port = free_port()
+    code, _, stderr = run_train(EXAMPLE, [
+        "--job_name", "ps", "--ps_hosts", "localhost:%d" % port, "--worker_hosts",
+        "localhost:%d" % free_port(), "--chief_host", "localhost:%d" % free_port(),
+        "--connect_timeout", "2"])
+    assert code == 2
+    assert error_lines(stderr)[-1].startswith("error: ps0: localhost:") and "did not come up " \
+        "within 2 s" in stderr
