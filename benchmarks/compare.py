@@ -26,6 +26,8 @@ import subprocess
 import sys
 import time
 
+import readme  # benchmarks/readme.py: the figures reach the READMEs only through here
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BASELINE = "Non-Distributed-Setup"
 TARGET = 0.95
@@ -162,10 +164,10 @@ def main():
                    help="rebuild the table and plots from the metrics an earlier run left in "
                         "--out/logs, without training (same --repeats and --workers)")
     p.add_argument("--quick", action="store_true",
-                   help="120 steps, one repeat, 1 and 2 workers: a smoke test")
+                   help="120 steps, one repeat, 2 workers: a smoke test")
     args = p.parse_args()
     if args.quick:
-        args.steps, args.repeats, args.eval_every, args.workers = 120, 1, 20, "1,2"
+        args.steps, args.repeats, args.eval_every, args.workers = 120, 1, 20, "2"
     worker_counts = [int(w) for w in args.workers.split(",")]
     names = examples()
     plan = [(e, 1 if e == BASELINE else 2, r) for e in names for r in range(args.repeats)]
@@ -181,7 +183,11 @@ def main():
         if example != BASELINE and repeat == 0:
             scaling.setdefault(example, {})[workers] = metrics
     os.makedirs(args.out, exist_ok=True)
-    print(write_table(os.path.join(args.out, "results.md"), runs, args))
+    table = write_table(os.path.join(args.out, "results.md"), runs, args)
+    print(table)
+    if os.path.abspath(args.out) == readme.RESULTS and not args.quick:  # the figures shown
+        readme.publish("compare.py", table, [readme.BENCHMARKS_README,
+                                             os.path.join(ROOT, "README.md")])
     plot_accuracy(os.path.join(args.out, "accuracy.png"), runs)
     plot_scaling(os.path.join(args.out, "scaling.png"), scaling, worker_counts)
     print("\nwrote results.md, accuracy.png and scaling.png to %s in %.0f s"

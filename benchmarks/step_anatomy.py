@@ -18,6 +18,8 @@ import subprocess
 import sys
 import time
 
+import readme  # benchmarks/readme.py: the figures reach the READMEs only through here
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "Distributed-Setup"))
@@ -57,6 +59,7 @@ def main():
     p.add_argument("--hidden", type=int, default=128, help="(default: 128)")
     p.add_argument("--steps", type=int, default=2000, help="(default: 2000)")
     p.add_argument("--serve", default="", help=argparse.SUPPRESS)  # internal: be the ps
+    p.add_argument("--no_publish", action="store_true", help="print only; leave the READMEs")
     args = p.parse_args()
     tf.compat.v1.disable_eager_execution()
     flags = template.parse_flags(["--batch_size", str(args.batch_size), "--hidden",
@@ -115,17 +118,22 @@ def main():
     transfers = sum(1 for d in metadata.step_stats.dev_stats for n in d.node_stats
                     if n.node_name == "RecvTensor")
 
-    print("batch %d, hidden %d, mean over %d calls each, %d CPU core(s)"
-          % (args.batch_size, args.hidden, args.steps, os.cpu_count()))
-    print("one-process training step      %7.0f steps/s  %.3f ms  (CPU %.3f ms/step)"
-          % (local_rate, 1e3 / local_rate, 1e3 * local_cpu))
-    print("distributed: read one scalar    %7.0f steps/s  %.3f ms  (ratio %.2f)"
-          % (read_rate, 1e3 / read_rate, read_rate / local_rate))
-    print("distributed: training step      %7.0f steps/s  %.3f ms  (ratio %.2f)"
-          % (step_rate, 1e3 / step_rate, step_rate / local_rate))
-    print("  tensors crossing processes per step: %d" % transfers)
-    print("  CPU per step: worker %.3f ms + ps %.3f ms = %.1fx the one-process step"
-          % (1e3 * worker_cpu, 1e3 * ps_cpu, (worker_cpu + ps_cpu) / local_cpu))
+    lines = [
+        "batch %d, hidden %d, mean over %d calls each, %d CPU core(s)"
+        % (args.batch_size, args.hidden, args.steps, os.cpu_count()),
+        "one-process training step      %7.0f steps/s  %.3f ms  (CPU %.3f ms/step)"
+        % (local_rate, 1e3 / local_rate, 1e3 * local_cpu),
+        "distributed: read one scalar    %7.0f steps/s  %.3f ms  (ratio %.2f)"
+        % (read_rate, 1e3 / read_rate, read_rate / local_rate),
+        "distributed: training step      %7.0f steps/s  %.3f ms  (ratio %.2f)"
+        % (step_rate, 1e3 / step_rate, step_rate / local_rate),
+        "  tensors crossing processes per step: %d" % transfers,
+        "  CPU per step: worker %.3f ms + ps %.3f ms = %.1fx the one-process step"
+        % (1e3 * worker_cpu, 1e3 * ps_cpu, (worker_cpu + ps_cpu) / local_cpu)]
+    print("\n".join(lines))
+    if not args.no_publish:  # the README shows the default model's anatomy
+        readme.publish("step_anatomy.py", "```\n%s\n```" % "\n".join(lines),
+                       [readme.BENCHMARKS_README])
 
 
 if __name__ == "__main__":

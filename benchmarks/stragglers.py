@@ -14,6 +14,8 @@ import subprocess
 import sys
 import tempfile
 
+import readme  # benchmarks/readme.py: the figures reach the READMEs only through here
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -37,17 +39,22 @@ def main():
     p.add_argument("--workers", type=int, default=3, help="(default: 3)")
     p.add_argument("--delay", type=float, default=0.1, help="straggler's extra seconds a step")
     p.add_argument("--steps", type=int, default=600, help="mini-batches per run (default: 600)")
+    p.add_argument("--no_publish", action="store_true", help="print only; leave the READMEs")
     args = p.parse_args()
-    print("| straggler delay | backup workers | gradients a step | step time | steps/s "
-          "| dropped gradients | test accuracy |")
-    print("|---|---|---|---|---|---|---|")
+    lines = ["| straggler delay | backup workers | gradients a step | step time | steps/s "
+             "| dropped gradients | test accuracy |", "|---|---|---|---|---|---|---|"]
     for delay, backup in [(0, 0), (args.delay, 0), (args.delay, 1)]:
         m = run(args.workers, backup, delay, args.steps)
-        print("| %g s | %d | %d of %d | %.3f s | %.1f | %d | %.3f |" % (
+        lines.append("| %g s | %d | %d of %d | %.3f s | %.1f | %d | %.3f |" % (
             delay, backup, m["replicas_to_aggregate"], m["workers"], m["step_seconds"],
-            1 / m["step_seconds"], m["dropped_gradients"], m["test_accuracy"]), flush=True)
-    print("\n%d workers on %d CPU core(s); --steps %d mini-batches per run"
-          % (args.workers, os.cpu_count(), args.steps))
+            1 / m["step_seconds"], m["dropped_gradients"], m["test_accuracy"]))
+        print(lines[-1], flush=True)
+    lines += ["", "%d workers on %d CPU core(s); --steps %d mini-batches per run"
+              % (args.workers, os.cpu_count(), args.steps)]
+    print(lines[-1])
+    if not args.no_publish:
+        readme.publish("stragglers.py", "\n".join(lines), [
+            readme.BENCHMARKS_README, os.path.join(readme.ROOT, "Sync-SGD", "README.md")])
 
 
 if __name__ == "__main__":

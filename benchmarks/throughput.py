@@ -16,6 +16,8 @@ import subprocess
 import sys
 import tempfile
 
+import readme  # benchmarks/readme.py: the figures reach the READMEs only through here
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BASELINE = ("Non-Distributed-Setup", 1)
 CONFIGURATIONS = [BASELINE, ("Distributed-Setup", 1), ("Distributed-Setup", 2)]
@@ -41,6 +43,7 @@ def main():
     p.add_argument("--batch_sizes", default="32,128", help="comma-separated (default: 32,128)")
     p.add_argument("--steps", type=int, default=3000, help="global steps per run (default: 3000)")
     p.add_argument("--repeats", type=int, default=3, help="runs per configuration (default: 3)")
+    p.add_argument("--no_publish", action="store_true", help="print only; leave the READMEs")
     args, extra = p.parse_known_args()  # anything else goes to every train.py
     rows = []
     for batch_size in [int(b) for b in args.batch_sizes.split(",")]:
@@ -55,13 +58,16 @@ def main():
                                                                    for r in runs)))
             print("  %-22s workers=%d batch=%-4d %8.1f steps/s" % (example, workers, batch_size,
                                                                   rate), file=sys.stderr)
-    print("| example | workers | batch | steps/s | examples/s | vs one process | test accuracy |")
-    print("|---|---|---|---|---|---|---|")
+    lines = ["| example | workers | batch | steps/s | examples/s | vs one process | test accuracy |",
+             "|---|---|---|---|---|---|---|"]
     for example, workers, batch, rate, examples, ratio, accuracy in rows:
-        print("| %s | %d | %d | %.0f | %.0f | %.2f | %.3f |" % (example, workers, batch, rate,
-                                                            examples, ratio, accuracy))
-    print("\nmedians of %d run(s) of %d global steps; %d CPU core(s)"
-          % (args.repeats, args.steps, os.cpu_count()))
+        lines.append("| %s | %d | %d | %.0f | %.0f | %.2f | %.3f |" % (
+            example, workers, batch, rate, examples, ratio, accuracy))
+    lines += ["", "medians of %d run(s) of %d global steps; %d CPU core(s)"
+              % (args.repeats, args.steps, os.cpu_count())]
+    print("\n".join(lines))
+    if not args.no_publish:
+        readme.publish("throughput.py", "\n".join(lines), [readme.BENCHMARKS_README])
 
 
 if __name__ == "__main__":

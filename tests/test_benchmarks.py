@@ -1,0 +1,58 @@
+"""benchmarks/: every figure in a README is what its script last wrote (benchmarks/readme.py)."""
+import os
+import re
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+import readme  # noqa: E402  (benchmarks/ is not a package)
+
+SCRIPTS = ("compare.py", "throughput.py", "step_anatomy.py", "stragglers.py")
+
+
+def readmes_with_sections():
+    found = []
+    for folder, _, files in os.walk(ROOT):
+        if "README.md" in files and "/." not in folder and "/logs" not in folder:
+            path = os.path.join(folder, "README.md")
+            with open(path) as f:
+                found += [(path, name) for name in re.findall(r"<!-- (\S+): begin -->", f.read())]
+    return found
+
+
+def test_every_script_publishes_somewhere_and_every_section_names_a_script():
+    sections = readmes_with_sections()
+    assert {name for _, name in sections} == set(SCRIPTS), sections
+    assert (os.path.join(ROOT, "README.md"), "compare.py") in sections
+
+
+@pytest.mark.parametrize("path,name", readmes_with_sections(),
+                         ids=lambda v: os.path.relpath(v, ROOT) if "/" in str(v) else v)
+def test_each_readme_section_is_what_its_script_last_wrote(path, name):
+    with open(readme.results_path(name)) as f:
+        assert readme.read_section(path, name) == f.read(), (
+            "%s in %s differs from %s: edit no figure by hand; rerun python benchmarks/%s"
+            % (name, os.path.relpath(path, ROOT), os.path.relpath(readme.results_path(name),
+                                                                  ROOT), name))
+
+
+def test_write_section_replaces_only_the_text_between_its_own_markers(tmp_path):
+    page = tmp_path / "README.md"
+    page.write_text("# T\nbefore\n<!-- x.py: begin -->\nold\n<!-- x.py: end -->\nafter\n"
+                    "<!-- y.py: begin -->\nkept\n<!-- y.py: end -->\n")
+    readme.write_section(str(page), "x.py", "| new |\n")
+    assert page.read_text() == ("# T\nbefore\n<!-- x.py: begin -->\n| new |\n<!-- x.py: end -->"
+                                "\nafter\n<!-- y.py: begin -->\nkept\n<!-- y.py: end -->\n")
+
+
+@pytest.mark.parametrize("text", ["no markers\n", "<!-- x.py: end -->\n<!-- x.py: begin -->\n",
+                                  "<!-- x.py: begin -->\n<!-- x.py: begin -->\n<!-- x.py: end -->"])
+def test_a_page_without_one_well_formed_section_is_refused_and_left_alone(tmp_path, text):
+    page = tmp_path / "README.md"
+    page.write_text(text)
+    with pytest.raises(ValueError, match="x.py"):
+        readme.write_section(str(page), "x.py", "| new |\n")
+    assert page.read_text() == text
