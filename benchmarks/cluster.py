@@ -629,8 +629,9 @@ def parser():
                     "namespace of its own joined by a bridge, and report the bytes on the wire "
                     "and the bandwidth bound. Needs root and iproute2 (ip; tc for --bandwidth). "
                     "Arguments after -- go to every train.py.")
-    p.add_argument("example", help="an example folder with a distributed train.py "
-                                   "(Distributed-Setup, Hogwild, DOWNPOUR, ADAG, Sync-SGD)")
+    p.add_argument("example", help="an example folder whose train.py runs as ps and workers "
+                                   "(Hogwild, DOWNPOUR, EASGD, DiLoCo, ...; not the TensorFlow "
+                                   "2 strategies)")
     p.add_argument("--ps", type=count, default=1, help="parameter servers (default: 1)")
     p.add_argument("--workers", type=count, default=2, help="workers (default: 2)")
     p.add_argument("--bandwidth", type=parse_rate, default=None, metavar="RATE",

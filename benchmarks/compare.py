@@ -20,6 +20,7 @@ with 1 and 4 workers. Writes into --out:
 import argparse
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -48,10 +49,12 @@ def run_once(example, workers, args, tag):
     if args.from_logs:  # redraw from an earlier run's metrics, without training again
         with open(metrics_path) as f:
             return json.load(f)
+    tensorboard = os.path.join(logs, tag + "-tensorboard")
+    shutil.rmtree(tensorboard, ignore_errors=True)  # an earlier run's checkpoint would resume
     command = ["bash", os.path.join(ROOT, example, "run.sh"), "--steps", str(args.steps),
                "--batch_size", str(args.batch_size), "--log_every", str(args.eval_every),
                "--seed", str(args.seed),
-               "--log_dir", os.path.join(logs, tag + "-tensorboard"), "--metrics_file",
+               "--log_dir", tensorboard, "--metrics_file",
                metrics_path]
     with open(log_path, "w") as log:
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
@@ -99,7 +102,7 @@ def write_table(path, runs, args):
             "n/a" if stale is None else "%.2f" % stale))
     lines.append("")
     lines.append("%d repeat(s) of %d mini-batches of %d examples each; the distributed examples "
-                 "with 2 workers and 1 ps; %d CPU core(s)."
+                 "with 2 workers (and 1 ps where they have one); %d CPU core(s)."
                  % (args.repeats, args.steps, args.batch_size, os.cpu_count()))
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
