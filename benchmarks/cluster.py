@@ -363,15 +363,14 @@ def start_task(task, network, cluster, train_py, train_args, console, deployment
     env.update(PYTHONUNBUFFERED="1")
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     program = [train_py]
+    counts = {job: len(hosts) for job, hosts in cluster.items()}
     if deployment == "tfjob":
         env["TF_CONFIG"] = json.dumps(deploy_module("manifests").tfjob_tf_config(
-            deployment_name(train_py), "default", len(cluster["ps"]), len(cluster["worker"]),
-            task.job, task.index))
+            deployment_name(train_py), "default", counts, task.job, task.index))
     elif deployment == "plain":
         manifests = deploy_module("manifests")
         pod = argparse.Namespace(example=os.path.basename(os.path.dirname(train_py)),
-                                 name=deployment_name(train_py), ps=len(cluster["ps"]),
-                                 workers=len(cluster["worker"]))
+                                 name=deployment_name(train_py), counts=counts)
         env.update((e["name"], e["value"]) for e in manifests.plain_env(pod, task.job))
         env.update(POD_NAMESPACE="default", JOB_COMPLETION_INDEX=str(task.index))
         program = [os.path.join(ROOT, "deploy", "entrypoint.py")]
@@ -403,11 +402,10 @@ def deployment_name(train_py):
 
 def deployment_hosts(deployment, train_py, tasks):
     """Each task's host name as the deployment's DNS would give it (role: name)."""
-    name, n = deployment_name(train_py), {job: sum(t.job == job for t in tasks)
-                                          for job in ("ps", "worker")}
+    name, counts = deployment_name(train_py), {job: sum(t.job == job for t in tasks)
+                                               for job in ("ps", "worker")}
     if deployment == "tfjob":
-        config = deploy_module("manifests").tfjob_tf_config(name, "default", n["ps"], n["worker"],
-                                                            "ps", 0)
+        config = deploy_module("manifests").tfjob_tf_config(name, "default", counts, "ps", 0)
         addresses = {t.role: config["cluster"][t.job][t.index] for t in tasks}
     else:
         addresses = {t.role: deploy_module("entrypoint").host(name, "default", t.job, t.index)

@@ -6,9 +6,10 @@ out from what its manifest (deploy/manifests.py --kind plain) gives it:
 
     DTFG_EXAMPLE          the example folder, e.g. DOWNPOUR
     DTFG_NAME             the name of the run: the headless Service, and the Jobs' prefix
-    DTFG_ROLE             ps or worker (this pod's Indexed Job)
-    DTFG_NUM_PS           how many ps pods, and
-    DTFG_NUM_WORKERS      how many worker pods the run has
+    DTFG_ROLE             chief, ps or worker (this pod's Indexed Job)
+    DTFG_NUM_CHIEF        how many chief pods (1 for a coordinator, else 0),
+    DTFG_NUM_PS           ps pods (0 for an example without parameter servers) and
+    DTFG_NUM_WORKERS      worker pods the run has
     JOB_COMPLETION_INDEX  this pod's index in its Job (Kubernetes sets it in Indexed Jobs)
     POD_NAMESPACE         the namespace (from the downward API)
 
@@ -21,6 +22,7 @@ import os
 import sys
 
 PORT = 2222
+COUNTS = (("chief", "DTFG_NUM_CHIEF"), ("ps", "DTFG_NUM_PS"), ("worker", "DTFG_NUM_WORKERS"))
 
 
 def host(name, namespace, role, index):
@@ -30,8 +32,9 @@ def host(name, namespace, role, index):
 def tf_config(env):
     """The TF_CONFIG of the pod whose environment is env."""
     name, namespace = env["DTFG_NAME"], env.get("POD_NAMESPACE", "default")
-    cluster = {role: [host(name, namespace, role, i) for i in range(int(env[count]))]
-               for role, count in (("ps", "DTFG_NUM_PS"), ("worker", "DTFG_NUM_WORKERS"))}
+    counts = {role: int(env[variable]) for role, variable in COUNTS}
+    cluster = {role: [host(name, namespace, role, i) for i in range(n)]
+               for role, n in counts.items() if n > 0}  # a job with no pods is not in TF_CONFIG
     return json.dumps({"cluster": cluster, "task": {"type": env["DTFG_ROLE"],
                                                     "index": int(env["JOB_COMPLETION_INDEX"])}})
 
@@ -39,15 +42,21 @@ def tf_config(env):
 def main(argv):
     try:
         config = tf_config(os.environ)
-    except (KeyError, ValueError) as e:
-        print("error: entrypoint: %s is missing or not a number: set it in the manifest" % e,
-              file=sys.stderr)
-        return 2
+        example = os.environ["DTFG_EXAMPLE"]
+    except KeyError as e:
+        return fail("%s is not set: the manifest sets it (deploy/manifests.py --kind plain)" % e)
+    except ValueError as e:
+        return fail("a count or index is not a whole number (%s)" % e)
     train_py = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                            os.environ["DTFG_EXAMPLE"], "train.py")
+                            example, "train.py")
     os.environ["TF_CONFIG"] = config
     print("[entrypoint] TF_CONFIG=%s" % config, flush=True)
     os.execv(sys.executable, [sys.executable, train_py] + argv)  # train.py takes this process
+
+
+def fail(message):
+    print("error: entrypoint: " + message, file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

@@ -5,17 +5,20 @@
         --volume_claim training-logs -- --steps 20000 > sync.yaml
     kubectl apply -f downpour.yaml
 
---kind tfjob: one TFJob (kubeflow.org/v1) with PS and Worker replicas; the operator writes each
+--kind tfjob: one TFJob (kubeflow.org/v1) with PS and Worker replicas, and a Chief for an example
+with a coordinator (an example without parameter servers has no PS); the operator writes each
 pod's TF_CONFIG (<name>-<type>-<i>.<namespace>.svc:2222) and, with successPolicy AllWorkers,
-ends the job when every worker is done. --kind plain: a headless Service, a NetworkPolicy and
-two Indexed Jobs (ps and worker) that run deploy/entrypoint.py, which builds TF_CONFIG itself.
-Both add a NetworkPolicy: the TensorFlow servers have no authentication, so only the run's own
-pods may reach their port. Arguments after -- go to every train.py. --volume_claim mounts a
+ends the job when every worker is done. --kind plain: a headless Service and an Indexed Job per
+role (ps, worker; chief) that run deploy/entrypoint.py, which builds TF_CONFIG itself. Both add a
+NetworkPolicy: the TensorFlow servers have no authentication, so only the run's own pods may
+reach their port. Arguments after -- go to every train.py. --volume_claim mounts a
 PersistentVolumeClaim at /logs and passes --log_dir /logs/<name>: checkpoints then outlive a
 pod, and a restarted chief resumes from them.
 """
 import argparse
+import ast
 import os
+import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -23,19 +26,31 @@ import entrypoint  # noqa: E402  (deploy/ is not a package; the entrypoint names
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PORT = entrypoint.PORT
+JOBS = ("chief", "ps", "worker")  # TF_CONFIG's job names, in the order the manifests list them
 
 
 def examples():
-    """The examples that run as a cluster: a run.sh, and a train.py with the cluster plumbing
-    (which reads TF_CONFIG)."""
-    found = []
+    """Every example (a folder with a train.py and a run.sh) and the jobs its TF_CONFIG names."""
+    found = {}
     for d in sorted(os.listdir(ROOT)):
         train_py = os.path.join(ROOT, d, "train.py")
         if os.path.isfile(train_py) and os.path.isfile(os.path.join(ROOT, d, "run.sh")):
-            with open(train_py) as f:
-                if "# >>> shared: cluster" in f.read():
-                    found.append(d)
+            found[d] = jobs_of(train_py)
     return found
+
+
+def jobs_of(train_py):
+    """ps and worker for the parameter-server examples (their chief is worker 0); the jobs that
+    TensorFlow 2's strategies name in their tf2_cluster call (a chief for the coordinator, or
+    workers only); none for an example that trains in one process."""
+    with open(train_py) as f:
+        source = f.read()
+    if "# >>> shared: cluster" in source:
+        return ("ps", "worker")
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "tf2_cluster":
+            return tuple(job for job in JOBS if job in ast.literal_eval(node.args[1]))
+    return ()
 
 
 def container(args, command, env=()):
@@ -80,7 +95,10 @@ def network_policy(args):
 
 # A ps that restarts has lost the parameters, so it does not restart (the run fails and is
 # started again, resuming from the last checkpoint); a worker that restarts rejoins the run.
-RESTART = {"ps": "Never", "worker": "OnFailure"}
+# ParameterServerStrategy's chief (the coordinator) does not restart either: once it is gone its
+# servers end, so a new one would find nobody to drive.
+RESTART = {"chief": "Never", "ps": "Never", "worker": "OnFailure"}
+REPLICA_TYPE = {"chief": "Chief", "ps": "PS", "worker": "Worker"}  # TFJob's names of the jobs
 
 
 def tfjob(args):
@@ -90,20 +108,21 @@ def tfjob(args):
         "template": {"metadata": {"labels": labels(args, role),
                                   "annotations": {"sidecar.istio.io/inject": "false"}},
                      "spec": pod_spec(args, command, RESTART[role])}}
+    # AllWorkers: the job succeeds when every worker has (the default waits for worker 0 only).
+    # With a Chief replica the operator goes by the chief instead, whatever this says.
     job = {"apiVersion": "kubeflow.org/v1", "kind": "TFJob",
            "metadata": {"name": args.name, "namespace": args.namespace},
            "spec": {"runPolicy": {"cleanPodPolicy": "Running", "backoffLimit": 3},
                     "successPolicy": "AllWorkers",
-                    "tfReplicaSpecs": {"PS": replica("ps", args.ps),
-                                       "Worker": replica("worker", args.workers)}}}
+                    "tfReplicaSpecs": {REPLICA_TYPE[role]: replica(role, n)
+                                       for role, n in args.counts.items()}}}
     return [job, network_policy(args)]
 
 
-def tfjob_tf_config(name, namespace, ps, workers, task_type, index):
-    """The TF_CONFIG the operator gives a TFJob pod, as its documentation describes it."""
+def tfjob_tf_config(name, namespace, counts, task_type, index):
+    """The TF_CONFIG the operator gives a TFJob pod (counts: job name to number of pods)."""
     host = lambda role, i: "%s-%s-%d.%s.svc:%d" % (name, role, i, namespace, PORT)
-    return {"cluster": {"ps": [host("ps", i) for i in range(ps)],
-                        "worker": [host("worker", i) for i in range(workers)]},
+    return {"cluster": {role: [host(role, i) for i in range(n)] for role, n in counts.items()},
             "task": {"type": task_type, "index": index}, "environment": "cloud"}
 
 
@@ -111,10 +130,13 @@ def plain(args):
     service = {"apiVersion": "v1", "kind": "Service",
                "metadata": {"name": args.name, "namespace": args.namespace},
                "spec": {"clusterIP": "None",  # headless: one DNS name per pod
+                        # a name as soon as the pod has an address, not once it is ready: the
+                        # tasks look each other up while they start
+                        "publishNotReadyAddresses": True,
                         "selector": {"dtfg/run": args.name},
                         "ports": [{"name": "tfjob-port", "port": PORT}]}}
     docs = [service, network_policy(args)]
-    for role, n in (("ps", args.ps), ("worker", args.workers)):
+    for role, n in args.counts.items():
         env = plain_env(args, role) + [{"name": "POD_NAMESPACE", "valueFrom": {
             "fieldRef": {"fieldPath": "metadata.namespace"}}}]
         docs.append({
@@ -131,9 +153,9 @@ def plain(args):
 
 def plain_env(args, role):
     """What deploy/entrypoint.py reads (JOB_COMPLETION_INDEX comes from Kubernetes)."""
-    return [{"name": k, "value": str(v)} for k, v in (
-        ("DTFG_EXAMPLE", args.example), ("DTFG_NAME", args.name), ("DTFG_ROLE", role),
-        ("DTFG_NUM_PS", args.ps), ("DTFG_NUM_WORKERS", args.workers))]
+    values = [("DTFG_EXAMPLE", args.example), ("DTFG_NAME", args.name), ("DTFG_ROLE", role)]
+    values += [(variable, args.counts.get(job, 0)) for job, variable in entrypoint.COUNTS]
+    return [{"name": k, "value": str(v)} for k, v in values]
 
 
 def to_yaml(value, indent=0):
@@ -173,20 +195,32 @@ def parse(argv):
     p.add_argument("example", help="an example folder, e.g. DOWNPOUR")
     p.add_argument("--kind", choices=("tfjob", "plain"), default="tfjob")
     p.add_argument("--image", required=True, help="the image built from deploy/Dockerfile")
-    p.add_argument("--ps", type=int, default=1)
-    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--ps", type=int, default=None, help="parameter servers (default: 1, if "
+                   "the example has any)")
+    p.add_argument("--workers", type=int, default=2, help="workers (default: 2)")
     p.add_argument("--name", default="", help="the run's name (default: the example's, "
                    "lowercase)")
     p.add_argument("--namespace", default="default")
     p.add_argument("--volume_claim", default="", help="a PersistentVolumeClaim for /logs")
     args = p.parse_args(argv[:split])
     args.train_args = argv[split + 1:]
-    if args.example not in examples():
-        p.error("%r is not an example that runs as a cluster; choose one of: %s"
-                % (args.example, ", ".join(examples())))
-    if args.ps < 1 or args.workers < 1:
+    found = examples()
+    deployable = ", ".join(example for example, jobs in found.items() if jobs)
+    if args.example not in found:
+        p.error("%r is not an example folder; choose one of: %s" % (args.example, deployable))
+    jobs = found[args.example]
+    if not jobs:
+        p.error("%s trains in one process and reads no TF_CONFIG: run it in one pod, or choose "
+                "one of: %s" % (args.example, deployable))
+    if "ps" not in jobs and args.ps is not None:
+        p.error("%s has no parameter servers: leave out --ps" % args.example)
+    ps = 1 if args.ps is None else args.ps
+    if ps < 1 or args.workers < 1:
         p.error("--ps and --workers must be at least 1")
+    args.counts = {job: {"chief": 1, "ps": ps, "worker": args.workers}[job] for job in jobs}
     args.name = args.name or args.example.lower().replace("_", "-")
+    if not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?", args.name):  # in every host name
+        p.error("--name %r: use at most 40 lowercase letters, digits and '-'" % args.name)
     return args
 
 
