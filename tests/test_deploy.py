@@ -1,12 +1,12 @@
 """deploy/: the manifests, the plain-Kubernetes entrypoint and the image, short of a cluster
 (none is reachable here); and one run per kind where every task gets exactly the host names
 and TF_CONFIG its pod would get (marked `cluster`: it makes network namespaces)."""
+import fnmatch
 import json
 import os
 import subprocess
 import sys
 
-import fnmatch
 import jsonschema
 import pytest
 import yaml
@@ -47,7 +47,8 @@ def resolve(tf_config, monkeypatch, example="Distributed-Setup"):
 
 def closed(schema):
     """The schema with every object that lists its properties closed to others: kubectl apply
-    validates strictly and rejects a field the resource does not define."""
+    validates strictly and rejects a field the resource does not define. (A pod-template field
+    that the extract leaves out fails too: copy its schema in from the same CRD.)"""
     if isinstance(schema, dict):
         schema = {k: closed(v) for k, v in schema.items()}
         if "properties" in schema and "additionalProperties" not in schema:
@@ -110,7 +111,7 @@ def test_the_tfjob_fits_the_operators_schema_and_has_what_it_needs(example):
         assert c["image"] == "registry.test/dtfg:1"
         assert c["ports"] == [{"name": "tfjob-port", "containerPort": 2222}]
         assert c["command"] == ["python", "/app/%s/train.py" % example, "--log_dir",
-                                "/logs/" + example.lower()]
+                                "/logs/" + example.lower().replace("_", "-")]
         assert "env" not in c  # TF_CONFIG comes from the operator
     assert_only_the_runs_pods_get_in(docs["NetworkPolicy"], job["metadata"]["name"])
 
@@ -129,7 +130,7 @@ def test_the_schema_check_catches_what_the_operator_would_refuse():
 
 @pytest.mark.parametrize("example", DEPLOYABLE)
 def test_the_plain_manifest_is_a_headless_service_and_an_indexed_job_per_role(example):
-    name, jobs = example.lower(), manifests.examples()[example]
+    name, jobs = example.lower().replace("_", "-"), manifests.examples()[example]
     docs = generate(example, "--kind", "plain", "--image", "img", "--workers", "3",
                     "--volume_claim", "logs", "--", "--steps", "5000")
     assert sorted(docs) == sorted(["Service", "NetworkPolicy"] + ["Job/%s-%s" % (name, role)
@@ -197,7 +198,7 @@ def test_the_entrypoint_gives_every_pod_a_tf_config_naming_its_peers(monkeypatch
 
 @pytest.mark.parametrize("example", TF2_STRATEGIES)
 def test_the_entrypoint_gives_tensorflow_2s_strategies_the_jobs_they_read(example, monkeypatch):
-    name, jobs = example.lower(), manifests.examples()[example]
+    name, jobs = example.lower().replace("_", "-"), manifests.examples()[example]
     pods = list(pods_of(example, ["--workers", "2"]))
     assert len(pods) == ("chief" in jobs) + ("ps" in jobs) + 2
     for role, index, env in pods:
