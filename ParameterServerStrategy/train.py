@@ -39,6 +39,7 @@ import shutil
 import socket
 import sys
 import tempfile
+import threading
 import time
 
 import numpy as np
@@ -190,6 +191,7 @@ def train(args, cluster):
         global_step=pss.global_step, steps_per_worker=pss.steps_per_worker, **pss.params))
     calls, every = -(-(args.steps - log.start_step) // args.steps_per_call), max(
         1, args.log_every // args.steps_per_call)
+    threading.Thread(target=end_when_no_worker_answers, args=(args, cluster), daemon=True).start()
     for call in range(1, max(calls, 0) + 1):
         loss = pss.coordinator.schedule(pss.train_steps, args=(pss.iterator,))
         if call % every == 0:  # wait for this call only: the others keep running
@@ -199,6 +201,23 @@ def train(args, cluster):
     return log.end(int(pss.global_step.numpy()), local_steps,
                    lost_workers=sum(not is_listening(a) for a in cluster["worker"]),
                    steps_per_call=args.steps_per_call)
+
+
+def end_when_no_worker_answers(args, cluster):
+    """The coordinator waits up to an hour for a lost worker to come back: with none left for
+    --connect_timeout seconds, end the run in one line instead."""
+    silent_since = None
+    while True:
+        if any(is_listening(address) for address in cluster["worker"]):
+            silent_since = None
+        elif silent_since is None:
+            silent_since = time.time()
+        elif time.time() - silent_since > args.connect_timeout:
+            print("error: chief 0 stopped: no worker has answered for %.0f s" % (
+                args.connect_timeout), file=sys.stderr, flush=True)
+            sys.stdout.flush()
+            os._exit(2)
+        time.sleep(1)  # the pace of the checks
 
 
 def main(argv=None):

@@ -68,3 +68,17 @@ def test_a_server_whose_coordinator_never_comes_ends_with_one_line():
     assert code == 2
     assert error_lines(stderr)[-1].startswith("error: ps0: localhost:") and "did not come up " \
         "within 2 s" in stderr
+
+
+def test_with_every_worker_killed_the_coordinator_ends_the_run_in_one_line(tmp_path):
+    proc = start_example(EXAMPLE, ["--log_dir", str(tmp_path / "logs"), "--steps", "200000",
+                                   "--connect_timeout", "10"])
+    seen = read_until(proc, "[chief0] global_step=", timeout=120)
+    for worker in ("worker0", "worker1"):
+        os.kill(int(seen.split("started %s pid=" % worker)[1].split()[0]), signal.SIGKILL)
+    killed_at = time.time()
+    run = finish(proc, timeout=90)
+    assert run.code == 1 and time.time() - killed_at < 60, run.output[-3000:]
+    assert "[chief0] error: chief 0 stopped: no worker has answered for 10 s" in run.output
+    assert "resume from" in run.output  # run.sh names the command that resumes
+    assert_nothing_left(str(tmp_path))
