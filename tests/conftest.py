@@ -196,6 +196,42 @@ def assert_a_killed_worker_does_not_hang_the_others(example, tmp_path, min_globa
     return summary
 
 
+def assert_every_worker_in_every_round(run, rounds, steps_per_round):
+    """EASGD and DiLoCo with their defaults: the bar, and rounds of steps_per_round local steps
+    of every worker. Returns the chief's summary."""
+    assert run.code == 0, run.output[-3000:]
+    summary = run.summary()
+    assert float(summary["test_accuracy"]) >= ACCURACY_BAR
+    assert int(summary["global_step"]) == rounds
+    for steps in summary["local_steps"].split(","):  # every worker was in every round
+        assert abs(int(steps) - rounds * steps_per_round) <= steps_per_round, summary
+    assert "[run.sh] all processes finished" in run.output
+    return summary
+
+
+def assert_a_lost_worker_stops_the_rounds(example, tmp_path, round_name, steps="200000"):
+    """Synchronous examples without backup workers: SIGKILL worker1; the chief fails in one
+    line once --step_timeout (5 s) passes with no round, and nothing is left."""
+    run = kill_mid_run(example, tmp_path, ["--steps", steps, "--step_timeout", "5"], timeout=60)
+    assert run.code == 1
+    assert "[worker0] error: worker0: no %s completed within 5 s" % round_name in run.output
+    assert "Traceback" not in run.output
+    assert time.time() - run.killed_at < 40
+    assert_nothing_left(str(tmp_path))
+
+
+def assert_a_backup_worker_covers_a_lost_one(example, tmp_path, global_step, args=()):
+    """Synchronous examples with 3 workers and --backup_workers 1: SIGKILL worker2; training
+    completes and reaches the bar, the chief reports it lost, run.sh exits 1 naming it."""
+    run = kill_mid_run(example, tmp_path, ["--steps", "2000", "--backup_workers", "1"]
+                       + list(args), victim="worker2", env={"NUM_WORKERS": "3"})
+    summary = run.summary()  # training completed and reported its accuracy
+    assert summary["global_step"] == str(global_step) and summary["lost_workers"] == "1"
+    assert float(summary["test_accuracy"]) >= ACCURACY_BAR
+    assert run.code == 1 and "worker2 (exit 137)" in run.output
+    assert_nothing_left(str(tmp_path))
+
+
 def in_process_cluster(num_workers=1):
     """One ps and num_workers worker servers (real gRPC servers) in this process, on free ports."""
     import tensorflow as tf

@@ -1,11 +1,10 @@
 """DiLoCo: H inner steps per worker, then the ps applies the mean outer gradient with Nesterov
 momentum; with plain SGD at rate 1 on the ps it is Local SGD (model averaging)."""
-import time
-
 import numpy as np
 
-from conftest import (ACCURACY_BAR, all_at_once, assert_nothing_left, flags, kill_mid_run,
-                      load_train_module, run_with_defaults, sync_workers, values)
+from conftest import (all_at_once, assert_a_backup_worker_covers_a_lost_one,
+                      assert_a_lost_worker_stops_the_rounds, assert_every_worker_in_every_round,
+                      flags, load_train_module, run_with_defaults, sync_workers, values)
 
 diloco = load_train_module("DiLoCo")
 
@@ -82,32 +81,15 @@ def test_the_adamw_state_stays_on_the_worker_and_is_kept_from_round_to_round():
 
 # --- End to end through run.sh --------------------------------------------------------------------
 def test_diloco_reaches_the_bar_in_rounds_of_h_steps_of_every_worker(tmp_path_factory):
-    run = run_with_defaults("DiLoCo", tmp_path_factory)
-    assert run.code == 0, run.output[-3000:]
-    summary = run.summary()
-    assert float(summary["test_accuracy"]) >= ACCURACY_BAR
+    # 2000 mini-batches, 2 workers x H = 10 a round
+    summary = assert_every_worker_in_every_round(run_with_defaults("DiLoCo", tmp_path_factory),
+                                                 rounds=100, steps_per_round=10)
     assert summary["inner_optimizer"] == "adamw" and summary["outer_optimizer"] == "nesterov"
-    assert int(summary["global_step"]) == 100  # 2000 mini-batches, 2 workers x H = 10 a round
-    for steps in summary["local_steps"].split(","):  # every worker was in every round
-        assert abs(int(steps) - 100 * 10) <= 10, summary
-    assert "[run.sh] all processes finished" in run.output
 
 
 def test_without_backup_workers_a_killed_worker_stops_the_rest_with_a_clear_error(tmp_path):
-    run = kill_mid_run("DiLoCo", tmp_path, ["--steps", "200000", "--step_timeout", "5"],
-                       timeout=60)
-    assert run.code == 1
-    assert "[worker0] error: worker0: no round completed within 5 s" in run.output
-    assert "Traceback" not in run.output
-    assert time.time() - run.killed_at < 40
-    assert_nothing_left(str(tmp_path))
+    assert_a_lost_worker_stops_the_rounds("DiLoCo", tmp_path, "round")
 
 
 def test_with_a_backup_worker_a_killed_worker_does_not_stop_training(tmp_path):
-    run = kill_mid_run("DiLoCo", tmp_path, ["--steps", "2000", "--backup_workers", "1"],
-                       victim="worker2", env={"NUM_WORKERS": "3"})
-    summary = run.summary()  # training completed and reported its accuracy
-    assert summary["global_step"] == "100" and summary["lost_workers"] == "1"
-    assert float(summary["test_accuracy"]) >= ACCURACY_BAR
-    assert run.code == 1 and "worker2 (exit 137)" in run.output
-    assert_nothing_left(str(tmp_path))
+    assert_a_backup_worker_covers_a_lost_one("DiLoCo", tmp_path, global_step=100)

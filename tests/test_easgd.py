@@ -1,12 +1,11 @@
 """EASGD: in each synchronous round the workers and the centre pull towards each other; the
 centre becomes (1 - beta) * centre + beta * mean of the workers."""
-import time
-
 import numpy as np
 
-from conftest import (ACCURACY_BAR, all_at_once, assert_nothing_left, error_lines, flags,
-                      kill_mid_run, load_train_module, run_train, run_with_defaults, sync_workers,
-                      values)
+from conftest import (all_at_once, assert_a_backup_worker_covers_a_lost_one,
+                      assert_a_lost_worker_stops_the_rounds, assert_every_worker_in_every_round,
+                      error_lines, flags, load_train_module, run_train, run_with_defaults,
+                      sync_workers, values)
 
 easgd = load_train_module("EASGD")
 
@@ -59,33 +58,16 @@ def test_an_alpha_that_would_carry_the_centre_past_the_mean_is_rejected():
 
 # --- End to end through run.sh --------------------------------------------------------------------
 def test_easgd_reaches_the_bar_in_rounds_of_tau_steps_of_every_worker(tmp_path_factory):
-    run = run_with_defaults("EASGD", tmp_path_factory)
-    assert run.code == 0, run.output[-3000:]
-    summary = run.summary()
-    assert float(summary["test_accuracy"]) >= ACCURACY_BAR
+    # 2000 mini-batches, 2 workers x tau 8 a round
+    summary = assert_every_worker_in_every_round(run_with_defaults("EASGD", tmp_path_factory),
+                                                 rounds=125, steps_per_round=8)
     assert summary["beta"] == "0.6" and summary["lost_workers"] == "0"
-    assert int(summary["global_step"]) == 125  # 2000 mini-batches, 2 workers x tau 8 a round
-    for steps in summary["local_steps"].split(","):  # every worker was in every round
-        assert abs(int(steps) - 125 * 8) <= 8, summary
-    assert "[run.sh] all processes finished" in run.output
 
 
 def test_without_backup_workers_a_killed_worker_stops_the_rest_with_a_clear_error(tmp_path):
-    run = kill_mid_run("EASGD", tmp_path, ["--steps", "200000", "--step_timeout", "5"],
-                       timeout=60)
-    assert run.code == 1
-    assert "[worker0] error: worker0: no round completed within 5 s" in run.output
-    assert "Traceback" not in run.output
-    assert time.time() - run.killed_at < 40
-    assert_nothing_left(str(tmp_path))
+    assert_a_lost_worker_stops_the_rounds("EASGD", tmp_path, "round")
 
 
 def test_with_a_backup_worker_a_killed_worker_does_not_stop_training(tmp_path):
-    run = kill_mid_run("EASGD", tmp_path, ["--steps", "2000", "--backup_workers", "1",
-                                           "--alpha", "0.25"],
-                       victim="worker2", env={"NUM_WORKERS": "3"})
-    summary = run.summary()  # training completed and reported its accuracy
-    assert summary["global_step"] == "125" and summary["lost_workers"] == "1"
-    assert float(summary["test_accuracy"]) >= ACCURACY_BAR
-    assert run.code == 1 and "worker2 (exit 137)" in run.output
-    assert_nothing_left(str(tmp_path))
+    assert_a_backup_worker_covers_a_lost_one("EASGD", tmp_path, global_step=125,
+                                             args=["--alpha", "0.25"])

@@ -2,10 +2,10 @@
 import os
 import subprocess
 import sys
-import time
 
-from conftest import (ACCURACY_BAR, assert_nothing_left, error_lines, example_dir, free_port,
-                      kill_mid_run, run_train)
+from conftest import (ACCURACY_BAR, assert_a_backup_worker_covers_a_lost_one,
+                      assert_a_lost_worker_stops_the_rounds, assert_nothing_left, error_lines,
+                      example_dir, free_port, run_train)
 
 
 def local_steps(summary):
@@ -75,23 +75,12 @@ def test_with_a_backup_worker_the_step_time_follows_the_fast_workers(run_example
 
 
 def test_with_a_backup_worker_a_killed_worker_does_not_stop_training(tmp_path):
-    run = kill_mid_run("Sync-SGD", tmp_path, ["--steps", "2000", "--backup_workers", "1"],
-                       victim="worker2", env={"NUM_WORKERS": "3"})
-    summary = run.summary()  # training completed and reported its accuracy
-    assert summary["global_step"] == "1000" and summary["lost_workers"] == "1"
-    assert float(summary["test_accuracy"]) >= ACCURACY_BAR
-    assert run.code == 1 and "worker2 (exit 137)" in run.output
-    assert_nothing_left(str(tmp_path))
+    assert_a_backup_worker_covers_a_lost_one("Sync-SGD", tmp_path, global_step=1000)
 
 
 def test_without_backup_workers_a_killed_worker_stops_the_rest_with_a_clear_error(tmp_path):
-    run = kill_mid_run("Sync-SGD", tmp_path, ["--steps", "100000", "--step_timeout", "5"],
-                       timeout=60)
-    assert run.code == 1
-    assert "[worker0] error: worker0: no synchronous step completed within 5 s" in run.output
-    assert "Traceback" not in run.output
-    assert time.time() - run.killed_at < 40
-    assert_nothing_left(str(tmp_path))
+    assert_a_lost_worker_stops_the_rounds("Sync-SGD", tmp_path, "synchronous step",
+                                          steps="100000")
 
 
 def test_more_backup_workers_than_workers_allow_is_rejected():
