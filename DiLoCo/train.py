@@ -1,13 +1,13 @@
 """DiLoCo: rounds of H inner AdamW steps per worker; the averaged change is an outer gradient.
 
 What it teaches
-    Today's form of "train alone, then meet". Each round, every worker starts from the global
-    parameters, takes H steps of its own inner optimizer (AdamW), and sends its outer gradient:
-    where the round started minus where it got to. The ps applies the mean of the outer
-    gradients with an outer optimizer, SGD with Nesterov momentum. Rounds are synchronous, as
-    in Sync-SGD (SyncReplicasOptimizer: its tokens, --step_timeout and --backup_workers). With
-    --outer_optimizer sgd --outer_learning_rate 1 the global parameters become the mean of the
-    workers': Local SGD (periodic model averaging).
+    Today's form of "train alone, then meet". Each round every worker starts from the global
+    parameters, takes H steps of its own inner optimizer (AdamW) and sends its outer gradient,
+    where the round started minus where it got to; the ps applies their mean with the outer
+    optimizer, SGD with Nesterov momentum. The round is Sync-SGD's: SyncReplicasOptimizer
+    averages what the workers send and applies it with the optimizer it wraps (its tokens,
+    --step_timeout and --backup_workers carry over). With outer SGD at rate 1 (or momentum 0)
+    the global parameters become the workers' mean: Local SGD, periodic model averaging.
 
 The update rule (round t; N workers aggregated; the global step counts rounds)
     each round, worker k:
@@ -18,14 +18,14 @@ The update rule (round t; N workers aggregated; the global step counts rounds)
         send outer_gradient_k <- start - local_params;  wait for the round
     the ps:
         delta <- mean of the N outer gradients of round t
-        momentum <- outer_momentum * momentum + delta                       # Nesterov:
+        momentum <- outer_momentum * momentum + delta        # Nesterov; sgd: outer_momentum 0
         global_params_{t+1} <- global_params_t - outer_lr * (delta + outer_momentum * momentum)
 
 Run it
     bash run.sh                                    # 1 ps + 2 workers on free localhost ports
-    bash run.sh --outer_optimizer sgd --outer_learning_rate 1 --inner_optimizer sgd  # Local SGD
-    By hand or with TF_CONFIG: as in ../Distributed-Setup. --steps counts the mini-batches of
-    all workers, as in every example: a round uses N * H of them.
+    bash run.sh --inner_optimizer sgd --learning_rate 0.1 --outer_optimizer sgd
+                --outer_learning_rate 1            # (one line) Local SGD: model averaging
+    By hand or with TF_CONFIG: as in ../Distributed-Setup. A round uses N * H of --steps.
 
 Use your own model: edit the sections marked "(replace with your own)", Data and Model.
 
@@ -183,12 +183,9 @@ def build_diloco(args, cluster, x, y):
         sent = sync.apply_gradients(list(zip(outer_gradients, global_params.values())),
                                     global_step=global_step)
     with tf.compat.v1.device(worker), tf.control_dependencies([sent]):  # after the round: pull
-        pulls = []
-        for name, theta in global_params.items():
-            value = theta.read_value()
-            pulls += [local_params[name].assign(value, read_value=False),
-                      start[name].assign(value, read_value=False)]
-        outer_step = tf.group(*pulls)
+        pulled = {name: theta.read_value() for name, theta in global_params.items()}  # once
+        outer_step = tf.group(*[copy[name].assign(pulled[name], read_value=False)
+                                for copy in (local_params, start) for name in pulled])
     release_workers = sync.get_init_tokens_op(workers) if args.task_index == 0 else None
     # num_tokens=0: nobody starts a second round before the first is aggregated
     hook = sync.make_session_run_hook(is_chief=args.task_index == 0, num_tokens=0)

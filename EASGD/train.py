@@ -4,10 +4,9 @@ What it teaches
     Elastic averaging in lockstep. Each worker trains its own parameters (local_params) for tau
     mini-batches; then all workers meet in a round: each moves alpha times its distance towards
     the centre variable on the ps, and the centre moves alpha times the sum of those distances
-    towards them, all measured from the centre as it was before the round. The centre is then a
-    moving average of the workers, (1 - beta) * centre + beta * mean(workers) with beta = N *
-    alpha. The round is Sync-SGD's: SyncReplicasOptimizer averages what the workers send, here
-    centre - local_params, and applies it to the centre by gradient descent at rate beta; its
+    towards them, all measured from the centre as it was before the round: a moving average of
+    the workers. The round is Sync-SGD's: SyncReplicasOptimizer averages the "gradients" the
+    workers send, here centre - local_params, and descends them on the ps at rate beta; its
     tokens, --step_timeout and --backup_workers carry over.
 
 The update rule (round t; N workers aggregated; the global step counts rounds)
@@ -18,9 +17,10 @@ The update rule (round t; N workers aggregated; the global step counts rounds)
             local_params <- local_params - learning_rate * g
         difference_k <- local_params - centre_t             # centre_t read once
         local_params <- local_params - alpha * difference_k # on the worker
-        send difference_k; wait for the round
-    the ps: centre_{t+1} <- centre_t + alpha * sum of the N differences of round t
-          = (1 - beta) * centre_t + beta * mean of the N workers,   beta = N * alpha <= 1
+        send -difference_k as the gradient; wait for the round
+    the ps: centre_{t+1} <- centre_t - beta * mean of the N gradients of round t
+          = centre_t + alpha * sum of the N differences,            beta = N * alpha <= 1
+          = (1 - beta) * centre_t + beta * mean of the N workers
 
 Run it
     bash run.sh                                    # 1 ps + 2 workers on free localhost ports

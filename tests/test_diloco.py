@@ -4,7 +4,8 @@ import numpy as np
 
 from conftest import (all_at_once, assert_a_backup_worker_covers_a_lost_one,
                       assert_a_lost_worker_stops_the_rounds, assert_every_worker_in_every_round,
-                      flags, load_train_module, run_with_defaults, sync_workers, values)
+                      fixed_batch, flags, load_train_module, run_with_defaults, sync_workers,
+                      values)
 
 diloco = load_train_module("DiLoCo")
 
@@ -77,6 +78,44 @@ def test_the_adamw_state_stays_on_the_worker_and_is_kept_from_round_to_round():
     assert sessions[0].run(state["t"]) == 3
     sessions[0].run(ops[0].inner_step)
     assert sessions[0].run(state["t"]) == 4
+
+
+def inner_steps_alone(steps, *extra):
+    """One worker (its own cluster), steps inner steps on its fixed batch: the parameters
+    before and after."""
+    [ops], [session] = sync_workers(diloco.build_diloco, [flags(diloco, *extra)])
+    before = values(session, ops.local_params)
+    for _ in range(steps):
+        session.run(ops.inner_step)
+    return before, values(session, ops.local_params)
+
+
+def adam_reference(start, steps, learning_rate):
+    """TensorFlow's own Adam (no weight decay) from start, on worker 0's fixed batch."""
+    import tensorflow as tf
+    with tf.Graph().as_default():
+        params = {name: tf.compat.v1.Variable(value) for name, value in start.items()}
+        loss = diloco.model_loss_and_accuracy(params, *fixed_batch(seed=0))[0]
+        train = tf.compat.v1.train.AdamOptimizer(learning_rate).minimize(loss)
+        with tf.compat.v1.Session() as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            for _ in range(steps):
+                session.run(train)
+            return values(session, params)
+
+
+def test_the_inner_adamw_is_adam_with_the_weight_decay_applied_to_the_parameters():
+    start, no_decay = inner_steps_alone(5, "--weight_decay", "0")
+    for name, value in adam_reference(start, 5, learning_rate=0.01).items():
+        np.testing.assert_allclose(no_decay[name], value, rtol=1e-4, atol=1e-6, err_msg=name)
+    # decoupled: one step with decay is the step without it minus lr * decay * params, however
+    # Adam scales the gradient (an L2 term in the loss would be divided by sqrt(v) instead)
+    _, one_step = inner_steps_alone(1, "--weight_decay", "0")
+    _, decayed = inner_steps_alone(1, "--weight_decay", "0.5")
+    assert np.abs(start["w1"]).max() > 0
+    for name in start:
+        np.testing.assert_allclose(decayed[name], one_step[name] - 0.01 * 0.5 * start[name],
+                                   rtol=1e-5, atol=1e-7, err_msg=name)
 
 
 # --- End to end through run.sh --------------------------------------------------------------------

@@ -1,11 +1,12 @@
 """EASGD: in each synchronous round the workers and the centre pull towards each other; the
 centre becomes (1 - beta) * centre + beta * mean of the workers."""
 import numpy as np
+import pytest
 
 from conftest import (all_at_once, assert_a_backup_worker_covers_a_lost_one,
                       assert_a_lost_worker_stops_the_rounds, assert_every_worker_in_every_round,
-                      error_lines, flags, load_train_module, run_train, run_with_defaults,
-                      sync_workers, values)
+                      assert_same, error_lines, flags, load_train_module, run_train,
+                      run_with_defaults, sync_workers, values)
 
 easgd = load_train_module("EASGD")
 
@@ -46,6 +47,38 @@ def test_a_round_moves_the_centre_to_a_moving_average_of_the_workers():
                                    + local_after[1][name],
                                    centre[name] + local[0][name] + local[1][name],
                                    rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+def one_worker_exchange(alpha, tau=3):
+    """One worker alone (N = 1, so beta = alpha): tau local steps on a fixed batch, then one
+    exchange. Returns (centre, local) before and after it, and the global step."""
+    [ops], [session] = sync_workers(easgd.build_easgd, [
+        flags(easgd, "--tau", str(tau), "--alpha", str(alpha))])
+    for _ in range(tau):
+        session.run(ops.local_step)
+    before = values(session, ops.centre), values(session, ops.local_params)
+    all_at_once([session], [ops.exchange])
+    after = values(session, ops.centre), values(session, ops.local_params)
+    return before, after, session.run(ops.global_step)
+
+
+@pytest.mark.parametrize("alpha", [0.3, 1.0, 0.0])
+def test_an_exchange_moves_local_and_centre_alpha_of_their_difference_towards_each_other(alpha):
+    (centre, local), (centre_after, local_after), global_step = one_worker_exchange(alpha)
+    assert global_step == 1
+    for name in centre:
+        difference = local[name] - centre[name]
+        assert np.abs(difference).max() > 1e-4, "the local steps should have moved %s" % name
+        np.testing.assert_allclose(local_after[name], local[name] - alpha * difference,
+                                   rtol=1e-5, atol=1e-6, err_msg=name)
+        np.testing.assert_allclose(centre_after[name], centre[name] + alpha * difference,
+                                   rtol=1e-5, atol=1e-6, err_msg=name)
+    if alpha == 1.0:  # the whole difference: the two swap places
+        assert_same(local_after, centre)
+        assert_same(centre_after, local)
+    if alpha == 0.0:  # no elastic force: the centre stays where it was, the worker trains alone
+        assert_same(centre_after, centre)
+        assert_same(local_after, local)
 
 
 def test_an_alpha_that_would_carry_the_centre_past_the_mean_is_rejected():
