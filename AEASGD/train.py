@@ -179,6 +179,7 @@ def build_aeasgd(args, cluster, x, y):
     return Aeasgd(centre, local_params, global_step, loss, local_step, exchange)
 
 
+# >>> shared: worker variables
 def worker_variables(prefix, like, initial_value):
     """One variable on this worker per parameter in like, named prefix_<name>. LOCAL_VARIABLES:
     each worker initialises its own, and checkpoints leave them out."""
@@ -187,6 +188,7 @@ def worker_variables(prefix, like, initial_value):
                                      name="%s_%s" % (prefix, name),
                                      collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES]))
         for name, param in like.items())
+# <<< shared: worker variables
 
 
 # --- The training loop ----------------------------------------------------------------------------

@@ -194,6 +194,7 @@ def build_downpour(args, cluster, x, y):
                     local_step, push, pull, push_and_pull)
 
 
+# >>> shared: worker variables
 def worker_variables(prefix, like, initial_value):
     """One variable on this worker per parameter in like, named prefix_<name>. LOCAL_VARIABLES:
     each worker initialises its own, and checkpoints leave them out."""
@@ -202,6 +203,7 @@ def worker_variables(prefix, like, initial_value):
                                      name="%s_%s" % (prefix, name),
                                      collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES]))
         for name, param in like.items())
+# <<< shared: worker variables
 
 
 def local_optimizer(args, local_params, gradients):

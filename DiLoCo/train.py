@@ -217,6 +217,7 @@ def inner_optimizer(args, params, gradients):
     return {"m": m, "v": v, "t": t}, updates
 
 
+# >>> shared: worker variables
 def worker_variables(prefix, like, initial_value):
     """One variable on this worker per parameter in like, named prefix_<name>. LOCAL_VARIABLES:
     each worker initialises its own, and checkpoints leave them out."""
@@ -225,6 +226,7 @@ def worker_variables(prefix, like, initial_value):
                                      name="%s_%s" % (prefix, name),
                                      collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES]))
         for name, param in like.items())
+# <<< shared: worker variables
 
 
 # --- The training loop ----------------------------------------------------------------------------

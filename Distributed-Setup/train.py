@@ -36,7 +36,6 @@ import json
 import os
 import socket
 import sys
-import threading
 import time
 
 import numpy as np

@@ -193,6 +193,7 @@ def build_dynsgd(args, cluster, x, y):
                   global_step, loss, local_step, push, pull, push_and_pull)
 
 
+# >>> shared: worker variables
 def worker_variables(prefix, like, initial_value):
     """One variable on this worker per parameter in like, named prefix_<name>. LOCAL_VARIABLES:
     each worker initialises its own, and checkpoints leave them out."""
@@ -201,6 +202,7 @@ def worker_variables(prefix, like, initial_value):
                                      name="%s_%s" % (prefix, name),
                                      collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES]))
         for name, param in like.items())
+# <<< shared: worker variables
 
 
 # --- The training loop ----------------------------------------------------------------------------

@@ -196,6 +196,7 @@ def build_easgd(args, cluster, x, y):
                  replicas_to_aggregate, hook, release_workers)
 
 
+# >>> shared: worker variables
 def worker_variables(prefix, like, initial_value):
     """One variable on this worker per parameter in like, named prefix_<name>. LOCAL_VARIABLES:
     each worker initialises its own, and checkpoints leave them out."""
@@ -204,6 +205,7 @@ def worker_variables(prefix, like, initial_value):
                                      name="%s_%s" % (prefix, name),
                                      collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES]))
         for name, param in like.items())
+# <<< shared: worker variables
 
 
 # --- The training loop ----------------------------------------------------------------------------

@@ -6,9 +6,8 @@ What it teaches
     "chief"), holds the program. It creates the variables on the ps under strategy.scope(),
     gives each worker a dataset of its own (a per-worker dataset), and schedules a
     tf.function that runs K steps on whichever worker is free; the worker reads the parameters
-    from the ps and writes its updates back, and no worker waits for another. A worker that dies
-    loses only what it was running: the coordinator schedules the function again elsewhere.
-    With several ps, large variables are split into shards, one per ps.
+    from the ps and writes its updates back; no worker waits for another. A lost worker costs
+    only its running call, which is scheduled again elsewhere. Several ps shard large variables.
 
 The update rule (asynchronous SGD; the global step counts mini-batches)
     the coordinator, until --steps mini-batches are scheduled:
