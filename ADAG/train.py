@@ -59,34 +59,27 @@ def example_flags(parser):
 Dataset = collections.namedtuple("Dataset", "x_train y_train x_test y_test pixel_max")
 
 
-def load_dataset(name, data_path=""):
-    """Handwritten digits as integer pixels and labels, with a fixed train/test split.
-
-    digits: scikit-learn's bundled 8x8 images (1797), offline; a fixed 20% is the test set.
-    mnist:  28x28 images (70000) from a local .npz (x_train, y_train, x_test, y_test), or
-            downloaded once by tf.keras.datasets into ~/.keras/datasets.
-    """
-    if name == "digits":
+def load_dataset(data_path=""):
+    """Images as flat integer pixels, and integer labels, for training and for the test: by
+    default scikit-learn's 1797 handwritten 8x8 digits (offline; a fixed fifth is the test set),
+    or the arrays x_train, y_train, x_test, y_test of the .npz at data_path (as in mnist.npz)."""
+    if data_path:
+        try:
+            with np.load(data_path) as f:
+                x_train, y_train, x_test, y_test = (f[k] for k in ("x_train", "y_train",
+                                                                   "x_test", "y_test"))
+        except (OSError, KeyError, ValueError) as e:  # missing, unreadable, or a key missing
+            fail("cannot load %s (%s): give an .npz with x_train, y_train, x_test and y_test"
+                 % (data_path, str(e).splitlines()[0]))
+    else:
         from sklearn.datasets import load_digits
         from sklearn.model_selection import train_test_split
         digits = load_digits()
         x_train, x_test, y_train, y_test = train_test_split(
-            digits.data.astype(np.uint8), digits.target.astype(np.int64),
-            test_size=0.2, random_state=0, stratify=digits.target)
-        return Dataset(x_train, y_train, x_test, y_test, pixel_max=16)
-    try:
-        if data_path:
-            with np.load(data_path) as f:
-                (x_train, y_train), (x_test, y_test) = ((f["x_train"], f["y_train"]),
-                                                        (f["x_test"], f["y_test"]))
-        else:
-            (x_train, y_train), (x_test, y_test) = tf.keras.datasets.mnist.load_data()
-    except Exception as e:  # a missing file or no network: say which, in one line
-        fail("could not load MNIST (%s: %s); pass --data_path to a local mnist.npz"
-             % (type(e).__name__, str(e).splitlines()[0] if str(e) else ""))
+            digits.data, digits.target, test_size=0.2, random_state=0, stratify=digits.target)
     flat = lambda x: x.reshape(len(x), -1).astype(np.uint8)
     return Dataset(flat(x_train), y_train.astype(np.int64), flat(x_test), y_test.astype(np.int64),
-                   pixel_max=255)
+                   pixel_max=max(int(x_train.max()), 1))
 
 
 def scale(pixels, pixel_max):
@@ -94,11 +87,8 @@ def scale(pixels, pixel_max):
 
 
 def training_batches(data, batch_size, worker_index, num_workers, seed):
-    """This worker's endless stream of mini-batches, built in the graph (no feed_dict).
-
-    Each worker takes its own shard of the training set, so no two workers train on the same
-    example, and reshuffles it every epoch, so every step sees a new batch.
-    """
+    """This worker's endless stream of mini-batches, built in the graph (no feed_dict): its own
+    shard of the training set (no two workers share an example), reshuffled every epoch."""
     ds = tf.data.Dataset.from_tensor_slices((data.x_train, data.y_train))
     ds = ds.shard(num_workers, worker_index)
     ds = ds.shuffle(len(data.x_train) // num_workers + 1, seed=seed * 1000 + worker_index,
@@ -152,9 +142,9 @@ def build_adag(args, cluster, x, y):
         global_step = tf.compat.v1.train.get_or_create_global_step()
         global_params = model_params(int(x.shape[1]), args.hidden, args.seed)
     with tf.compat.v1.device(worker):
-        # The initial values are read from the ps once the chief has initialised it (the session
-        # manager's ready_for_local_init_op); one read serves both copies, so that the first
-        # window starts with local = pulled even if another worker pushes meanwhile.
+        # The initial values are read from the ps once the chief has initialised it (the
+        # session waits for that: TrainingLog.start); one read serves both copies, so that the
+        # first window starts with local = pulled even if another worker pushes meanwhile.
         start = collections.OrderedDict((n, p.read_value()) for n, p in global_params.items())
         local_params = worker_variables("local", start, lambda value: value)
         pulled_params = worker_variables("pulled", start, lambda value: value)
@@ -202,24 +192,37 @@ def worker_variables(prefix, like, initial_value):
 # <<< shared: worker variables
 
 
+# >>> shared: staleness
+def count_staleness(log, update, pulled_at=None):
+    """update (its value: the global step it made), also adding up on the ps how many updates of
+    others landed since this worker pulled: at the global step pulled_at (read in the same step),
+    or else at its previous update. It costs no traffic; the summary reports the mean."""
+    with tf.compat.v1.device("/job:worker/task:%d" % log.args.task_index):
+        last_update = tf.compat.v1.Variable(log.global_step.read_value(), trainable=False,
+                                            collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES])
+    with tf.compat.v1.device(log.global_step.device):
+        log.staleness_sum = tf.compat.v1.Variable(np.int64(0), trainable=False, name="staleness")
+        counted = log.staleness_sum.assign_add(update - 1 - (
+            last_update if pulled_at is None else pulled_at))
+    with tf.compat.v1.control_dependencies([counted]):
+        return last_update.assign(update)
+# <<< shared: staleness
+
+
 # --- The training loop ----------------------------------------------------------------------------
 def train(args, cluster, server):
-    data = load_dataset(args.dataset, args.data_path)
+    data = load_dataset(args.data_path)
     x, y = training_batches(data, args.batch_size, args.task_index, len(cluster["worker"]),
                             args.seed)  # no device given: the pipeline runs on this worker
     adag = build_adag(args, cluster, x, y)
     log = TrainingLog(args, cluster, adag.global_params, data, steps_per_update=args.window)
     push_and_pull = count_staleness(log, adag.push_and_pull)
-    last_push = -(-args.steps // args.window)  # the global step counts pushes
-    with log.training_session(server, last_step=last_push) as session:
-        for log_now in log.updates(session):
-            # the window runs without the session's hooks: they would read the global step from
-            # the ps at every local step, the very traffic the window is there to save
-            loss = run_without_hooks(session, adag.local_step, repeat=args.window)
-            step = session.run(push_and_pull)
-            if log_now:
-                log.progress(session, loss, step)
-        return log.end(session, minibatches_per_update=args.window, window=args.window)
+    session = log.start(server)
+    while log.step < -(-args.steps // args.window):  # the global step counts pushes
+        for _ in range(args.window):  # on this worker alone: no network traffic
+            loss = session.run(adag.local_step)
+        log.after_update(session, loss, session.run(push_and_pull))
+    return log.end(session, minibatches_per_update=args.window, window=args.window)
 
 
 def main(argv=None):
@@ -247,19 +250,17 @@ def parse_flags(argv, example_flags, distributed=True):
             ("batch_size", int, 64, "examples per mini-batch"),
             ("learning_rate", float, 0.1, "the workers' learning rate"),
             ("hidden", int, 128, "width of the MLP's hidden layer"),
-            ("data_path", str, "", "a local mnist.npz for --dataset mnist (else it downloads)"),
-            ("log_dir", str, "", "checkpoints and summaries; an existing one resumes (default: a "
-             "new logs/<time> beside train.py)"),
+            ("data_path", str, "", "your own images: an .npz like mnist.npz (default: digits)"),
+            ("log_dir", str, "", "checkpoints and summaries; one that has them resumes"),
             ("seed", int, 0, "seed of the initial weights and the shuffling"),
             ("metrics_file", str, "", "also write the summary here, as JSON"),
-            ("log_every", int, 100, "progress (the chief: test accuracy) every N local steps"),
+            ("log_every", int, 100, "progress (the chief's: test accuracy, checkpoint) every N"),
     ] + [("job_name", str, "", "ps or worker (or set TF_CONFIG)"),
          ("task_index", int, 0, "this task's index in its job"),
          ("ps_hosts", str, "", "comma-separated host:port of the ps tasks"),
          ("worker_hosts", str, "", "comma-separated host:port of the workers"),
          ("connect_timeout", float, 60, "seconds to wait for the other tasks")] * distributed:
         p.add_argument("--" + flag, type=kind, default=default, help=text)
-    p.add_argument("--dataset", default="digits", choices=("digits", "mnist"), help="data set")
     example_flags(p)
     args = p.parse_args(argv)
     for flag, value in vars(args).items():  # no number is negative; a count, a size or a time
@@ -274,9 +275,8 @@ def parse_flags(argv, example_flags, distributed=True):
 
 # >>> shared: cluster
 def resolve_cluster(args):
-    """The cluster from the flags, or else from TF_CONFIG (as TFJob, Vertex AI or SageMaker give
-    it): a "chief" or "master" task becomes worker 0 and the workers follow; an "evaluator" has
-    nothing to do (the chief evaluates). Sets args.job_name and args.task_index."""
+    """The cluster from the flags, or else from TF_CONFIG as operators write it: a "chief" or
+    "master" becomes worker 0, an "evaluator" has nothing to do. Sets job_name and task_index."""
     job, index = args.job_name, args.task_index
     if job or args.ps_hosts or args.worker_hosts or "TF_CONFIG" not in os.environ:
         if not args.ps_hosts or not args.worker_hosts:
@@ -286,8 +286,8 @@ def resolve_cluster(args):
     else:
         try:
             config = json.loads(os.environ["TF_CONFIG"])
-            spec, job, index = config["cluster"], config["task"]["type"], config["task"].get(
-                "index")
+            spec, job, index = (config["cluster"], config["task"]["type"],
+                                config["task"].get("index"))
             chief = list(spec.get("chief", [])) + list(spec.get("master", []))
             cluster = {"ps": list(spec["ps"]), "worker": chief + list(spec.get("worker", []))}
             job, index = ("worker", 0) if job in ("chief", "master") else (
@@ -311,16 +311,12 @@ def resolve_cluster(args):
 
 
 def run_task(args, cluster, train):
-    """Load TensorFlow, start this task's server, then serve (a ps) or train (a worker, once
-    every ps answers). A lost peer or a timeout ends the task in one line, not a traceback."""
+    """Start this task's server, then serve (a ps) or train (a worker): in one line if it fails."""
     global tf
     job, index, address = args.job_name, args.task_index, cluster[args.job_name][args.task_index]
-    with socket.socket() as probe:
-        try:
-            probe.bind(("", int(address.rpartition(":")[2])))
-        except OSError:
-            fail("%s %d: port %s is already in use: is an earlier run still going?"
-                 % (job, index, address))
+    if is_listening(address):  # a port in use fails here, in one line, rather than in gRPC
+        fail("%s %d: port %s is already in use: is an earlier run still going?"
+             % (job, index, address))
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before the import: no C++ info lines
     import tensorflow as tf
     tf.compat.v1.disable_eager_execution()
@@ -330,13 +326,10 @@ def run_task(args, cluster, train):
         config=tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1), start=True)
     try:
         if job == "ps":
-            return serve(args, cluster, server)
-        deadline = time.time() + args.connect_timeout
-        while not all(is_listening(address) for address in cluster["ps"]):
-            if time.time() > deadline:
-                fail("cannot reach the ps at %s after %.0f s: is it running? (check the hosts)"
-                     % (",".join(cluster["ps"]), args.connect_timeout))
-            time.sleep(0.2)  # back-off between connection attempts
+            return serve(index, cluster, time.time() + args.connect_timeout)
+        if not wait_for(lambda: all(map(is_listening, cluster["ps"])), args.connect_timeout):
+            fail("cannot reach the ps at %s after %.0f s: is it running? (check the hosts)"
+                 % (",".join(cluster["ps"]), args.connect_timeout))
         return train(args, cluster, server)
     except tf.errors.OpError as e:
         fail("%s %d stopped: %s: %s" % (job, index, type(e).__name__, e.message.splitlines()[0]))
@@ -348,191 +341,153 @@ def is_listening(address):
         return True
     except OSError:
         return False
+
+
+def wait_for(condition, seconds=float("inf")):
+    """Whether condition() came true within seconds (it is checked four times a second)."""
+    deadline = time.time() + seconds
+    while not condition():
+        if time.time() > deadline:
+            return False
+        time.sleep(0.25)  # the pace of the checks
+    return True
 # <<< shared: cluster
 
 
 # >>> shared: shutdown
-# TensorFlow servers never stop by themselves, so every process watches the others' ports. Each
-# ps keeps a record with an entry per worker: NOT_ARRIVED, then TRAINING once its session is up,
-# then its local step count once it left cleanly. A ps serves until every worker has come and
-# gone, and so does the chief before its final checkpoint; gone without an entry is lost.
+# TensorFlow's servers never stop by themselves. A ps serves until every worker's port has opened
+# and closed again (or not opened by the deadline); the chief closes last, after its final
+# checkpoint. Each worker has an entry in a record on ps 0, TRAINING and then its local steps as
+# it leaves: the chief waits for them all, and counts as lost who closed its port without one.
 NOT_ARRIVED, TRAINING = -1, -2
 
 
-def departure_record(cluster, ps_index):  # made and initialised by the ps; never checkpointed
-    with tf.compat.v1.device("/job:ps/task:%d" % ps_index):
-        return tf.compat.v1.Variable(tf.fill([len(cluster["worker"])], np.int64(NOT_ARRIVED)),
-                                     collections=[], name="departures_ps%d" % ps_index)
+def serve(index, cluster, deadline):
+    workers, seen = cluster["worker"], set()
+    print("[ps%d] serving %d worker(s) at %s" % (index, len(workers), cluster["ps"][index]),
+          flush=True)
 
-
-def wait_until_gone(read_record, addresses, deadline, ports_too=True):
-    """Until every worker in addresses (index: host:port) has left: its entry says so (and, with
-    ports_too, its port has closed), or it has stopped answering (lost), or it has not arrived by
-    the deadline. Returns the record then: local steps per worker, below 0 for the lost."""
-    while True:
-        record = read_record()
-        if not [w for w, address in addresses.items() if (record[w] < 0 or ports_too) and (
-                is_listening(address)) or record[w] == NOT_ARRIVED and time.time() < deadline]:
-            return read_record()  # once more: a worker may have written, then closed its port
-        time.sleep(0.25)  # the pace of the port checks
-
-
-def serve(args, cluster, server):
-    """A parameter server: serve the variables until every worker has come and gone."""
-    index, workers = args.task_index, cluster["worker"]
-    record = departure_record(cluster, index)
-    config = tf.compat.v1.ConfigProto(device_filters=["/job:ps/task:%d" % index])
-    with tf.compat.v1.Session(server.target, config=config) as session:
-        session.run(record.initializer)
-        print("[ps%d] serving %d worker(s) at %s" % (index, len(workers), cluster["ps"][index]),
-              flush=True)
-        left = wait_until_gone(lambda: session.run(record), dict(enumerate(workers)),
-                               time.time() + args.connect_timeout)
-    lost = [w for w, steps in enumerate(left) if steps < 0]
-    if lost:
-        fail("worker(s) %s failed or were lost; the ps shuts down" % ",".join(map(str, lost)))
-    print("[ps%d] all %d worker(s) done; shutting down" % (index, len(workers)), flush=True)
+    def all_gone():
+        listening = {w for w in workers if is_listening(w)}
+        seen.update(listening)
+        return not listening and (len(seen) == len(workers) or time.time() > deadline)
+    wait_for(all_gone)
+    print("[ps%d] all %d worker(s) gone; shutting down" % (index, len(workers)), flush=True)
     return 0
 # <<< shared: shutdown
 
 
 # >>> shared: training log
 class TrainingLog(object):
-    """A worker's bookkeeping around its loop: its session, progress lines, the chief's test
-    accuracy and summaries, timing, and the end of training (see end)."""
+    """A worker's session, progress lines and end; the chief's evaluations and summary."""
 
     def __init__(self, args, cluster, params, data, steps_per_update=1):
         self.args, self.cluster, self.steps_per_update = args, cluster, steps_per_update
         self.role, self.is_chief = "worker%d" % args.task_index, args.task_index == 0
-        with tf.compat.v1.device("/job:worker/task:%d" % args.task_index):  # ops built now: the
-            self.test_accuracy = model_loss_and_accuracy(  # session finalizes the graph
+        with tf.compat.v1.device("/job:worker/task:%d" % args.task_index):
+            self.test_accuracy = model_loss_and_accuracy(
                 params, scale(data.x_test, data.pixel_max), data.y_test)[1]
-        self.records = [departure_record(cluster, i) for i in range(len(cluster["ps"]))]
-        self.steps_done = tf.compat.v1.placeholder(tf.int64, [1])
-        self.depart = [r.scatter_update(tf.IndexedSlices(self.steps_done, [args.task_index]))
-                       for r in self.records]
+        with tf.compat.v1.device("/job:ps/task:0"):  # the chief sets it up; never checkpointed
+            self.record = tf.compat.v1.Variable(tf.fill([len(cluster["worker"])], np.int64(
+                NOT_ARRIVED)), collections=[], name="departures")
+        self.entry = tf.compat.v1.placeholder(tf.int64, [])
+        self.write_entry = tf.compat.v1.scatter_update(self.record, [args.task_index],
+                                                       self.entry[None])
         self.global_step, self.staleness_sum = tf.compat.v1.train.get_or_create_global_step(), None
-        self.local_steps, self.start_step, self.history, self.started = 0, 0, [], time.time()
-        self.clock = self.last_log = (0, self.started, 0)  # local steps, time, global step
+        self.local_steps, self.history = 0, []
 
-    def training_session(self, server, last_step, hooks=()):
-        """The chief initialises or restores, and saves checkpoints and summaries; the others
-        wait here until it has (the stock session would look only every 30 s), then join."""
+    def start(self, server):
+        """The session: the chief restores the last checkpoint in --log_dir or initialises the
+        variables, the others wait until it has; then each initialises its own (local) ones."""
         args = self.args
-        config = tf.compat.v1.ConfigProto(  # sees only the ps and this worker, or it waits for all
-            device_filters=["/job:ps", "/job:worker/task:%d" % args.task_index],
-            intra_op_parallelism_threads=1)
+        self.saver = tf.compat.v1.train.Saver()  # the global variables, all made by now
+        local_init = tf.compat.v1.local_variables_initializer()
+        # the chief initialises the global variables; the others wait until none is uninitialised
+        init = (tf.compat.v1.global_variables_initializer() if self.is_chief else
+                tf.compat.v1.report_uninitialized_variables(tf.compat.v1.global_variables()))
+        tf.compat.v1.get_default_graph().finalize()  # a loop that adds ops would grow forever
+        session = tf.compat.v1.Session(server.target, config=tf.compat.v1.ConfigProto(
+            device_filters=["/job:ps", "/job:worker/task:%d" % args.task_index],  # else it waits
+            intra_op_parallelism_threads=1))  # for every worker to answer
         if self.is_chief:
             print("[worker0] chief: log_dir=%s" % args.log_dir, flush=True)
+            self.writer = tf.compat.v1.summary.FileWriter(args.log_dir, session.graph)
+            session.run(self.record.initializer)
             if tf.train.latest_checkpoint(args.log_dir):
-                self.start_step = int(tf.train.load_variable(args.log_dir, "global_step"))
-                print("[worker0] resuming from the checkpoint at global step %d" % self.start_step)
-        else:
-            uninitialised = tf.compat.v1.report_uninitialized_variables(  # the chief's part:
-                tf.compat.v1.global_variables())  # local variables are each worker's own
-            with tf.compat.v1.Session(server.target, config=config) as session:
-                deadline = time.time() + args.connect_timeout
-                while len(session.run(uninitialised)) and time.time() < deadline:
-                    time.sleep(0.25)  # the pace of the checks
-        return tf.compat.v1.train.MonitoredTrainingSession(
-            master=server.target, is_chief=self.is_chief, checkpoint_dir=args.log_dir,
-            hooks=[tf.compat.v1.train.StopAtStepHook(last_step=last_step)] + list(hooks),
-            save_checkpoint_secs=30, save_summaries_steps=args.log_every, config=config,
-            log_step_count_steps=args.log_every, stop_grace_period_secs=1,  # for queue threads
-            max_wait_secs=args.connect_timeout)
-
-    def updates(self, session):
-        """Yield once per update until the session stops: True when it is to log progress. The
-        clock starts after the first update, which sets the graph up on every server."""
-        run_without_hooks(session, self.depart, {self.steps_done: [TRAINING]})
+                self.saver.restore(session, tf.train.latest_checkpoint(args.log_dir))
+                print("[worker0] resuming from the checkpoint at global step %d"
+                      % session.run(self.global_step), flush=True)
+            else:
+                session.run(init)
+        elif not wait_for(lambda: not len(session.run(init)), args.connect_timeout):
+            fail("worker%d: the chief has not set the variables up after %g s"
+                 % (args.task_index, args.connect_timeout))
+        session.run([local_init, self.write_entry], {self.entry: TRAINING})
+        self.step = self.start_step = int(session.run(self.global_step))
+        self.started = time.time()
+        self.clock = (0, self.started, self.step)  # local steps, time and global step at start
         print("[%s] training started" % self.role, flush=True)
-        while not session.should_stop():
-            done, self.local_steps = self.local_steps, self.local_steps + self.steps_per_update
-            yield done // self.args.log_every < self.local_steps // self.args.log_every
-            if done == 0:
-                self.clock = self.last_log = (self.local_steps, time.time(),
-                                              run_without_hooks(session, self.global_step))
-        self.seconds = time.time() - self.clock[1]
+        return session
 
-    def progress(self, session, loss, global_step):
-        """A progress line; the chief adds the test accuracy, and writes both to TensorBoard."""
-        line = "[%s] local_step=%d global_step=%d loss=%.4f" % (
-            self.role, self.local_steps, global_step, loss)
-        if self.is_chief:
-            line += " test_accuracy=%.4f" % self.evaluate(session, global_step, loss=loss)
-        print(line + " steps_per_sec=%.1f" % ((self.local_steps - self.last_log[0]) / (
-            time.time() - self.last_log[1])), flush=True)
-        self.last_log = self.local_steps, time.time()
+    def after_update(self, session, loss, global_step):
+        """Count the update; every --log_every local steps a progress line (the chief evaluates)."""
+        self.step, before = int(global_step), self.local_steps
+        self.local_steps += self.steps_per_update
+        if before // self.args.log_every < self.local_steps // self.args.log_every:
+            line = "[%s] local_step=%d global_step=%d loss=%.4f" % (
+                self.role, self.local_steps, self.step, loss)
+            if self.is_chief:
+                line += " test_accuracy=%.4f" % self.evaluate(session, self.step, loss=loss)
+            print(line + " steps_per_sec=%.1f" % ((self.local_steps - self.clock[0]) / (
+                time.time() - self.clock[1])), flush=True)
+        if before == 0:  # the clock starts now: the first update set the graph up everywhere
+            self.clock = (self.local_steps, time.time(), self.step)
 
     def evaluate(self, session, global_step, **summaries):
-        accuracy = float(run_without_hooks(session, self.test_accuracy))
-        self.history.append([round(time.time() - self.started, 3), int(global_step), accuracy])
-        tf.compat.v1.summary.FileWriterCache.get(self.args.log_dir).add_summary(
-            tf.compat.v1.Summary(value=[tf.compat.v1.Summary.Value(tag=tag, simple_value=value)
-                                        for tag, value in dict(summaries, test_accuracy=accuracy)
-                                        .items()]), global_step)
+        """The chief's checkpoint, then its test accuracy (also to TensorBoard, with summaries)."""
+        self.saver.save(session, os.path.join(self.args.log_dir, "model.ckpt"), global_step)
+        accuracy = float(session.run(self.test_accuracy))
+        self.history.append([round(time.time() - self.started, 3), global_step, accuracy])
+        self.writer.add_summary(tf.compat.v1.Summary(value=[tf.compat.v1.Summary.Value(
+            tag=tag, simple_value=value) for tag, value in dict(summaries, test_accuracy=accuracy)
+            .items()]), global_step)
         return accuracy
 
     def end(self, session, minibatches_per_update=1, **extra):
-        """The last call in the session. The chief waits for the others to leave, evaluates the
-        final parameters and prints the summary (extra: values, or functions of the summary);
-        then every worker records its local steps on each ps. The final checkpoint follows."""
+        """Each worker leaves its local steps in the record; the chief waits for the others (or
+        counts them lost), evaluates and prints the summary (extra: values or functions of it)."""
+        seconds = time.time() - self.clock[1]
+        session.run(self.write_entry, {self.entry: self.local_steps})
         if self.is_chief:
-            left = wait_until_gone(lambda: run_without_hooks(session, self.records[0]), dict(list(
-                enumerate(self.cluster["worker"]))[1:]), self.started + self.args.connect_timeout,
-                ports_too=False)
-            step, seconds = int(run_without_hooks(session, self.global_step)), self.seconds
-            minibatches = (step - self.clock[2]) * minibatches_per_update
+            record = lambda: session.run(self.record)
+            workers, deadline = self.cluster["worker"], self.started + self.args.connect_timeout
+            wait_for(lambda: not [w for w, entry in enumerate(record()) if entry < 0 and (
+                is_listening(workers[w]) or entry == NOT_ARRIVED and time.time() < deadline)])
+            left = record()  # once more: one may have written, then closed its port, meanwhile
+            lost = [w for w, steps in enumerate(left) if steps < 0]
+            step = int(session.run(self.global_step))
             summary = dict(
                 example=EXAMPLE, test_accuracy=self.evaluate(session, step), global_step=step,
-                workers=len(left), ps=len(self.records), lost_workers=int(sum(left[1:] < 0)),
-                local_steps=[self.local_steps] + [int(s) for s in left[1:]],
-                updates=step - self.start_step, batch_size=self.args.batch_size,
-                wall_seconds=time.time() - self.started, steps_per_sec=minibatches / seconds,
-                examples_per_sec=minibatches * self.args.batch_size / seconds)
+                workers=len(left), ps=len(self.cluster["ps"]), lost_workers=len(lost),
+                local_steps=[int(s) for s in left], updates=step - self.start_step,
+                steps_per_sec=(step - self.clock[2]) * minibatches_per_update / seconds)
+            summary["examples_per_sec"] = summary["steps_per_sec"] * self.args.batch_size
             if self.staleness_sum is not None:  # see count_staleness
-                summary["mean_staleness"] = run_without_hooks(session, self.staleness_sum) / max(
-                    step, 1)
+                summary["mean_staleness"] = session.run(self.staleness_sum) / max(step, 1)
             summary.update((k, v(summary) if callable(v) else v) for k, v in extra.items())
+            if lost:
+                print("[worker0] worker(s) %s failed or were lost" % ",".join(map(str, lost)))
             print("[worker0] summary " + " ".join("%s=%s" % (k, ",".join(map(str, v)) if isinstance(
                 v, list) else "%.6g" % v if isinstance(v, float) else v)
                 for k, v in summary.items()), flush=True)
             if self.args.metrics_file:
                 with open(self.args.metrics_file, "w") as f:
                     json.dump(dict(summary, history=self.history), f, indent=1)
-        try:
-            run_without_hooks(session, self.depart, {self.steps_done: [self.local_steps]})
-        except tf.errors.OpError:
-            pass  # a ps is gone: it no longer needs to know
+            self.writer.close()
+        session.close()
         print("[%s] done: local_steps=%d" % (self.role, self.local_steps), flush=True)
         return 0
-
-
-def run_without_hooks(session, fetches, feed_dict=None, repeat=1):
-    """Run fetches (repeat times) on the raw session, so that no hook adds to the traffic."""
-    def run(step_context):
-        for _ in range(repeat):
-            value = step_context.session.run(fetches, feed_dict)
-        return value
-    return session.run_step_fn(run)
 # <<< shared: training log
-
-
-# >>> shared: staleness
-def count_staleness(log, update, pulled_at=None):
-    """update (its value: the global step it made), also adding up on the ps how many updates of
-    others landed since this worker pulled: at the global step pulled_at (read in the same step),
-    or else at its previous update. It costs no traffic; the summary reports the mean."""
-    with tf.compat.v1.device("/job:worker/task:%d" % log.args.task_index):
-        last_update = tf.compat.v1.Variable(log.global_step.read_value(), trainable=False,
-                                            collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES])
-    with tf.compat.v1.device(log.global_step.device):
-        log.staleness_sum = tf.compat.v1.Variable(np.int64(0), trainable=False, name="staleness")
-        counted = log.staleness_sum.assign_add(update - 1 - (
-            last_update if pulled_at is None else pulled_at))
-    with tf.compat.v1.control_dependencies([counted]):
-        return last_update.assign(update)
-# <<< shared: staleness
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ The update rule (each step)
 
 Run it
     bash run.sh                      # or: python train.py --steps 2000
-    python train.py --dataset mnist  # MNIST instead of the bundled digits (downloads once)
+    python train.py --data_path mnist.npz  # MNIST (or your own images) instead of the digits
 
 Use your own model
     Edit the two sections marked "(replace with your own)": Data and Model.
@@ -43,34 +43,27 @@ def example_flags(parser):
 Dataset = collections.namedtuple("Dataset", "x_train y_train x_test y_test pixel_max")
 
 
-def load_dataset(name, data_path=""):
-    """Handwritten digits as integer pixels and labels, with a fixed train/test split.
-
-    digits: scikit-learn's bundled 8x8 images (1797), offline; a fixed 20% is the test set.
-    mnist:  28x28 images (70000) from a local .npz (x_train, y_train, x_test, y_test), or
-            downloaded once by tf.keras.datasets into ~/.keras/datasets.
-    """
-    if name == "digits":
+def load_dataset(data_path=""):
+    """Images as flat integer pixels, and integer labels, for training and for the test: by
+    default scikit-learn's 1797 handwritten 8x8 digits (offline; a fixed fifth is the test set),
+    or the arrays x_train, y_train, x_test, y_test of the .npz at data_path (as in mnist.npz)."""
+    if data_path:
+        try:
+            with np.load(data_path) as f:
+                x_train, y_train, x_test, y_test = (f[k] for k in ("x_train", "y_train",
+                                                                   "x_test", "y_test"))
+        except (OSError, KeyError, ValueError) as e:  # missing, unreadable, or a key missing
+            fail("cannot load %s (%s): give an .npz with x_train, y_train, x_test and y_test"
+                 % (data_path, str(e).splitlines()[0]))
+    else:
         from sklearn.datasets import load_digits
         from sklearn.model_selection import train_test_split
         digits = load_digits()
         x_train, x_test, y_train, y_test = train_test_split(
-            digits.data.astype(np.uint8), digits.target.astype(np.int64),
-            test_size=0.2, random_state=0, stratify=digits.target)
-        return Dataset(x_train, y_train, x_test, y_test, pixel_max=16)
-    try:
-        if data_path:
-            with np.load(data_path) as f:
-                (x_train, y_train), (x_test, y_test) = ((f["x_train"], f["y_train"]),
-                                                        (f["x_test"], f["y_test"]))
-        else:
-            (x_train, y_train), (x_test, y_test) = tf.keras.datasets.mnist.load_data()
-    except Exception as e:  # a missing file or no network: say which, in one line
-        fail("could not load MNIST (%s: %s); pass --data_path to a local mnist.npz"
-             % (type(e).__name__, str(e).splitlines()[0] if str(e) else ""))
+            digits.data, digits.target, test_size=0.2, random_state=0, stratify=digits.target)
     flat = lambda x: x.reshape(len(x), -1).astype(np.uint8)
     return Dataset(flat(x_train), y_train.astype(np.int64), flat(x_test), y_test.astype(np.int64),
-                   pixel_max=255)
+                   pixel_max=max(int(x_train.max()), 1))
 
 
 def scale(pixels, pixel_max):
@@ -78,11 +71,8 @@ def scale(pixels, pixel_max):
 
 
 def training_batches(data, batch_size, worker_index, num_workers, seed):
-    """This worker's endless stream of mini-batches, built in the graph (no feed_dict).
-
-    Each worker takes its own shard of the training set, so no two workers train on the same
-    example, and reshuffles it every epoch, so every step sees a new batch.
-    """
+    """This worker's endless stream of mini-batches, built in the graph (no feed_dict): its own
+    shard of the training set (no two workers share an example), reshuffled every epoch."""
     ds = tf.data.Dataset.from_tensor_slices((data.x_train, data.y_train))
     ds = ds.shard(num_workers, worker_index)
     ds = ds.shuffle(len(data.x_train) // num_workers + 1, seed=seed * 1000 + worker_index,
@@ -132,7 +122,7 @@ def build_sgd(args, x, y):
 
 # --- The training loop ----------------------------------------------------------------------------
 def train(args):
-    data = load_dataset(args.dataset, args.data_path)
+    data = load_dataset(args.data_path)
     sgd = build_sgd(args, *training_batches(data, args.batch_size, 0, 1, args.seed))
     test_accuracy = model_loss_and_accuracy(sgd.params, scale(data.x_test, data.pixel_max),
                                             data.y_test)[1]
@@ -216,19 +206,17 @@ def parse_flags(argv, example_flags, distributed=True):
             ("batch_size", int, 64, "examples per mini-batch"),
             ("learning_rate", float, 0.1, "the workers' learning rate"),
             ("hidden", int, 128, "width of the MLP's hidden layer"),
-            ("data_path", str, "", "a local mnist.npz for --dataset mnist (else it downloads)"),
-            ("log_dir", str, "", "checkpoints and summaries; an existing one resumes (default: a "
-             "new logs/<time> beside train.py)"),
+            ("data_path", str, "", "your own images: an .npz like mnist.npz (default: digits)"),
+            ("log_dir", str, "", "checkpoints and summaries; one that has them resumes"),
             ("seed", int, 0, "seed of the initial weights and the shuffling"),
             ("metrics_file", str, "", "also write the summary here, as JSON"),
-            ("log_every", int, 100, "progress (the chief: test accuracy) every N local steps"),
+            ("log_every", int, 100, "progress (the chief's: test accuracy, checkpoint) every N"),
     ] + [("job_name", str, "", "ps or worker (or set TF_CONFIG)"),
          ("task_index", int, 0, "this task's index in its job"),
          ("ps_hosts", str, "", "comma-separated host:port of the ps tasks"),
          ("worker_hosts", str, "", "comma-separated host:port of the workers"),
          ("connect_timeout", float, 60, "seconds to wait for the other tasks")] * distributed:
         p.add_argument("--" + flag, type=kind, default=default, help=text)
-    p.add_argument("--dataset", default="digits", choices=("digits", "mnist"), help="data set")
     example_flags(p)
     args = p.parse_args(argv)
     for flag, value in vars(args).items():  # no number is negative; a count, a size or a time

@@ -15,6 +15,14 @@ ALLOWED_IMPORTS = {"argparse", "collections", "json", "os", "shutil", "socket", 
                    "threading", "time",
                    "numpy", "tensorflow", "sklearn"}
 BANNER = "# Plumbing shared by every example (identical text; you need not read below)"
+# Reading budgets: the algorithm within the first 150 lines, the plumbing below the banner, and
+# the whole file. The goal for the last two was 250 and 450 lines; the plumbing holds what every
+# example needs (flags and TF_CONFIG checked before TensorFlow loads, the session, checkpoints,
+# the shutdown and the summary) in 261, and the examples listed below have more of their own to
+# say than 450 - 261 lines. Where they stand today is the ceiling: growing one is a choice.
+PLUMBING_LINES = 261
+TOTAL_LINES = {"Sync-SGD": 463, "AEASGD": 465, "EAMSGD": 477, "DynSGD": 481, "ADAG": 494,
+               "EASGD": 510, "DOWNPOUR": 512, "DiLoCo": 529}
 SECTIONS = ["# --- Data (replace with your own) ", "# --- Model (replace with your own) ",
             "# --- The algorithm ", "# --- The training loop ", "\ndef main(", BANNER]
 
@@ -65,16 +73,31 @@ def test_every_train_py_tells_its_story_first_and_keeps_the_plumbing_last():
         assert code == ['if __name__ == "__main__":', "    sys.exit(main())"], (example, code)
 
 
+def appendix(example):
+    """Everything from the plumbing banner to the end of the file."""
+    text = read(example, "train.py")
+    return text[text.index(BANNER):]
+
+
+def test_the_plumbing_below_the_banner_is_one_text_in_every_distributed_train_py():
+    # the helpers a family shares (worker variables, staleness, the synchronous round) sit above
+    # the banner, beside the algorithm: below it is only what every example needs
+    appendices = {e: appendix(e) for e in DISTRIBUTED_EXAMPLES}
+    reference = appendices["Distributed-Setup"]
+    assert [e for e, text in appendices.items() if text != reference] == []
+
+
 @pytest.mark.parametrize("example", DISTRIBUTED_EXAMPLES)
-def test_the_algorithm_comes_first_and_the_plumbing_does_not_grow(example):
+def test_the_algorithm_comes_first_and_the_file_keeps_to_its_budget(example):
     lines = read(example, "train.py").splitlines()
     algorithm = next(i for i, l in enumerate(lines, 1) if l.startswith("def build_"))
-    banner = lines.index(BANNER) + 1
     assert algorithm <= 150, "%s: the algorithm starts at line %d" % (example, algorithm)
-    # Where the examples stand today, not the goal (plumbing 250 lines, 450 in all): a change
-    # that makes the plumbing or a file longer has to raise these on purpose.
-    assert len(lines) - banner <= 310, "%s: %d lines of plumbing" % (example, len(lines) - banner)
-    assert len(lines) <= 580, "%s: %d lines in all" % (example, len(lines))  # DiLoCo: AdamW
+    plumbing = len(appendix(example).splitlines())
+    assert plumbing <= PLUMBING_LINES, "%d lines below the banner" % plumbing
+    # the goal is 450 lines in all; the examples whose own story (docstring, flags, data, model,
+    # algorithm, loop) is longer than 450 minus the plumbing hold where they stand today, so that
+    # a change that makes one longer raises its figure here on purpose
+    assert len(lines) <= TOTAL_LINES.get(example, 450), "%d lines in all" % len(lines)
 
 
 def test_every_distributed_run_sh_is_the_same_launcher_of_at_most_60_lines():

@@ -100,7 +100,7 @@ def test_each_family_trains_to_the_bar_with_every_task_on_its_own_host(example, 
     assert chief["workers"] == "2" and chief["lost_workers"] == "0", chief
     # the ps learnt its own address from TF_CONFIG: an address of the tool's subnet, not localhost
     assert "[ps0] serving 2 worker(s) at 10.77.0.1:2222" in run.output
-    assert "[ps0] all 2 worker(s) done; shutting down" in run.output
+    assert "[ps0] all 2 worker(s) gone; shutting down" in run.output
     assert "[cluster] all processes finished" in run.output
 
     report = summary_of(run.output, "cluster")

@@ -104,40 +104,35 @@ def test_downpour_every_local_step_uses_a_new_batch():
     assert len(set().union(*seen)) == epoch * args.batch_size, "an example came twice"
 
 
-def test_downpour_workers_start_from_the_ps_values_through_the_session_barrier():
+def test_downpour_workers_start_from_the_ps_values_through_the_session_barrier(tmp_path):
     # Worker 1 asks for its session before the chief has initialised anything. It must wait,
     # then take its local copy from the ps: the chief's values (seed 1), not its own (seed 0).
     cluster, workers = in_process_cluster(num_workers=2)
-    worker1_args = flags(downpour, "--task_index", "1", "--connect_timeout", "30")
-    with tf.Graph().as_default() as worker1_graph:
-        worker1 = downpour.build_downpour(worker1_args, cluster, *fixed_batch())
-        log = downpour.TrainingLog(worker1_args, cluster, worker1.global_params, downpour.Dataset(
-            None, None, np.zeros((2, 5), np.uint8), np.zeros(2, np.int64), pixel_max=1))
-    ready = {}
+    digits = downpour.Dataset(None, None, np.zeros((2, 5), np.uint8), np.zeros(2, np.int64), 1)
 
-    def join_as_worker1():
-        with worker1_graph.as_default():
-            ready["session"] = log.training_session(workers[1], last_step=10)
-    joining = threading.Thread(target=join_as_worker1, daemon=True)
+    def session_of(worker, *argv):
+        args = flags(downpour, "--task_index", str(worker), "--log_dir", str(tmp_path), *argv)
+        with tf.Graph().as_default():
+            ops = downpour.build_downpour(args, cluster, *fixed_batch())
+            session = downpour.TrainingLog(args, cluster, ops.global_params, digits).start(
+                workers[worker])
+        return ops, session
+    ready = {}
+    joining = threading.Thread(target=lambda: ready.update(zip(("ops", "session"), session_of(
+        1, "--connect_timeout", "30"))), daemon=True)
     joining.start()
     joining.join(1.0)
     assert "session" not in ready, "worker 1 started before the chief initialised the ps"
 
-    chief_args = flags(downpour, "--seed", "1")
-    with tf.Graph().as_default() as chief_graph:
-        chief = downpour.build_downpour(chief_args, cluster, *fixed_batch())
-        init = tf.compat.v1.global_variables_initializer()
-    with tf.compat.v1.Session(workers[0].target, graph=chief_graph,
-                              config=worker_config(0)) as s:
-        s.run(init)
-        on_ps = values(s, chief.global_params)
+    chief, chief_session = session_of(0, "--seed", "1")
+    on_ps = values(chief_session, chief.global_params)
     joining.join(30)
     assert "session" in ready, "worker 1 did not start within 30 s of the initialisation"
-    session = ready["session"]
     try:
-        assert_same(values(session, worker1.local_params), on_ps)
+        assert_same(values(ready["session"], ready["ops"].local_params), on_ps)
     finally:
-        session.close()
+        ready["session"].close()
+        chief_session.close()
     with tf.Graph().as_default():  # what worker 1 would have drawn by itself
         own = downpour.model_params(5, 8, seed=0)
         with tf.compat.v1.Session() as s:

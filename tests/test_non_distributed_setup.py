@@ -2,6 +2,7 @@
 import json
 import os
 
+import numpy as np
 import pytest
 
 from conftest import ACCURACY_BAR, error_lines, run_train
@@ -36,8 +37,14 @@ def test_bad_input_gets_one_line_before_tensorflow_loads(tmp_path):
         "error: --batch_size must be positive, got 0"], stderr
 
 
-def test_a_missing_mnist_file_is_reported_in_one_line(tmp_path):
+@pytest.mark.parametrize("content", [None, {"x_train": [1], "y_train": [1]}])
+def test_a_missing_or_incomplete_data_file_is_reported_in_one_line(tmp_path, content):
+    path = tmp_path / "mine.npz"
+    if content is not None:  # an .npz without the test arrays
+        np.savez(path, **content)
     code, _, stderr = run_train("Non-Distributed-Setup", [
-        "--dataset", "mnist", "--data_path", str(tmp_path / "nope.npz"), "--log_dir",
-        str(tmp_path / "logs")])
-    assert code == 2 and "could not load MNIST" in stderr and "Traceback" not in stderr
+        "--data_path", str(path), "--log_dir", str(tmp_path / "logs")])
+    assert code == 2 and "Traceback" not in stderr and len(error_lines(stderr)) == 1, stderr
+    line = error_lines(stderr)[0]
+    assert line.startswith("error: cannot load %s (" % path), line
+    assert line.endswith("): give an .npz with x_train, y_train, x_test and y_test"), line
