@@ -132,7 +132,7 @@ def plot_positions(rates):
 
 def plot_bandwidth(path, results, baseline, rates):
     plt = runs.pyplot()
-    fig, ax = plt.subplots(figsize=(9, 5.5))
+    fig, ax = plt.subplots(figsize=(11, 5.5))
     xs = plot_positions(rates)
     for example, by_rate in results.items():
         ax.plot(xs, [mini_batches_per_sec(by_rate[label]) for label, _ in rates], marker="o",
@@ -143,7 +143,10 @@ def plot_bandwidth(path, results, baseline, rates):
     ax.set_yscale("log")
     ax.set_xticks(xs)
     ax.set_xticklabels([cluster.format_rate(b) for _, b in rates])
-    ax.minorticks_off()
+    ax.xaxis.set_minor_locator(plt.NullLocator())
+    ax.yaxis.set_major_locator(plt.LogLocator(subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(plt.FuncFormatter(lambda y, _: "%g" % y))
+    ax.yaxis.set_minor_formatter(plt.NullFormatter())
     ax.set_xlabel("bandwidth of every link (each way)")
     ax.set_ylabel("mini-batches/s (all workers)")
     ax.set_title("Throughput against bandwidth (every task a host of its own)")
@@ -155,7 +158,7 @@ def plot_bandwidth(path, results, baseline, rates):
 
 def plot_accuracy(path, results, baseline, rate):
     plt = runs.pyplot()
-    fig, ax = plt.subplots(figsize=(9, 5.5))
+    fig, ax = plt.subplots(figsize=(11, 5.5))
     label, bits = rate
     for example, by_rate in results.items():
         history = by_rate[label]["history"]
