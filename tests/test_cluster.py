@@ -1,8 +1,9 @@
 """benchmarks/cluster.py: every task a host of its own, in a network namespace, set up by TF_CONFIG.
 
 The tests that make namespaces need root, ip and tc; they skip with the reason otherwise, and are
-marked `cluster` (deselect them with -m "not cluster"). Every test bounds its waits and checks
-that no process and no namespace of its run is left.
+marked `cluster` (deselect them with -m "not cluster and not benchmark": a -m given replaces
+pytest.ini's). Every test bounds its waits and checks that no process and no namespace of its
+run is left.
 """
 import importlib.util
 import json
