@@ -208,19 +208,19 @@ def main(argv=None, prog="bandwidth.py"):
             cluster.check_machine(needs_tc=any(bits is not None for _, bits in rates))
     except (ValueError, cluster.SetupError) as e:
         return runs.one_line_error(str(e))
-    distributed = [e for e in names if e != BASELINE]
+    distributed, who = [e for e in names if e != BASELINE], os.path.splitext(prog)[0]
     plan = [(e, label) for e in distributed for label, _ in rates]
     started = time.time()
     progress = lambda i, what: print("[%d/%d] %s (%.0f s so far)" % (
         i, len(plan) + 1, what, time.time() - started), file=sys.stderr, flush=True)
     progress(1, "%s, one process, no network" % BASELINE)
-    baseline = runs.run_example(BASELINE, 1, args, "bandwidth-%s" % BASELINE, who=prog)
+    baseline = runs.run_example(BASELINE, 1, args, "bandwidth-%s" % BASELINE, who=who)
     results = {}
     for i, (example, label) in enumerate(plan, 2):
         progress(i, "%s, %d workers, links %s" % (example, args.workers, label))
         results.setdefault(example, {})[label] = runs.run_example(
             example, args.workers, args, "bandwidth-%s-%s" % (example, label),
-            bandwidth=label, who=prog)
+            bandwidth=label, who=who)
     os.makedirs(args.out, exist_ok=True)
     settings = dict(command=runs.command_line(prog, argv, sudo=True), workers=args.workers,
                     steps=args.steps, batch_size=args.batch_size)

@@ -66,7 +66,7 @@ DEFAULT_SUBNET = "10.77.0.0/16"
 PORT = 2222  # every task has an address of its own, so they can all use the same port
 COMMAND_SECS = 10  # the longest one ip or tc command may take
 STOP_GRACE_SECS = 5  # between SIGTERM and SIGKILL when stopping a task
-PS_EXIT_SECS = 30  # the parameter servers' time to exit after the last worker, as in run.sh
+PS_EXIT_SECS = 30  # the servers' time to exit once the run has ended (run.sh allows as long)
 POLL_SECS = 0.1
 RATE_UNITS = {"bit": 1, "kbit": 10 ** 3, "mbit": 10 ** 6, "gbit": 10 ** 9}  # tc's, decimal
 # flags that would override TF_CONFIG, or that the tool passes itself

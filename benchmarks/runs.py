@@ -100,7 +100,12 @@ def run_example(example, workers, args, tag, train_args=(), bandwidth=None, who=
         log.flush()
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)  # so a timeout can stop all of it
-        code = wait_or_stop(proc, timeout)
+        try:
+            code = wait_or_stop(proc, timeout)
+        except KeyboardInterrupt:
+            print("%s: interrupted: stopped %s's run (its log: %s)" % (who, example, log_path),
+                  file=sys.stderr, flush=True)
+            sys.exit(128 + signal.SIGINT)
     if code != 0 or not os.path.exists(metrics_path):
         sys.exit("%s: %s with %d worker(s)%s failed (%s); see %s" % (
             who, example, workers, "" if bandwidth is None else " at " + bandwidth,

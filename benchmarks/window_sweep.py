@@ -154,7 +154,7 @@ def main(argv=None):
                                              "-" + args.bandwidth if args.bandwidth else "")
         results.setdefault(example, {})[window] = runs.run_example(
             example, args.workers, args, tag, train_args(example, window, args.learning_rate),
-            bandwidth=args.bandwidth, who="window_sweep.py")
+            bandwidth=args.bandwidth, who="window_sweep")
     os.makedirs(args.out, exist_ok=True)
     settings = dict(command=runs.command_line("window_sweep.py", argv,
                                               sudo=args.bandwidth is not None),

@@ -8,10 +8,11 @@ import re
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
-from conftest import EXAMPLES, ROOT, assert_nothing_left
+from conftest import EXAMPLES, ROOT, assert_nothing_left, read_until
 from test_cluster import needs_namespaces
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -331,13 +332,26 @@ def run_benchmark(argv, timeout):
 def namespaces_of_runs(logs):
     """The namespaces the cluster.py runs logged in logs named (dtfg<pid>-<role>), still there."""
     prefixes = set()
-    for name in os.listdir(logs):
+    for name in (os.listdir(logs) if os.path.isdir(logs) else []):
         if name.endswith(".log"):
             with open(os.path.join(logs, name)) as f:
                 prefixes.update(re.findall(r"namespace (dtfg\d+)-<role>", f.read()))
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
                             timeout=10).stdout.split()
     return prefixes, [n for n in listed if n.split("-")[0] in prefixes]
+
+
+def assert_runs_left_nothing(tmp_path, logs):
+    """No process of the test's runs and none of their namespaces (removed anyway, so that one
+    failure does not spoil the machine); returns the namespace prefixes the runs used."""
+    try:
+        assert_nothing_left(str(tmp_path))
+    finally:
+        prefixes, left = namespaces_of_runs(str(logs))
+        for name in left:
+            subprocess.run(["ip", "netns", "delete", name], timeout=10)
+    assert not left, "namespaces left behind: %s" % left
+    return prefixes
 
 
 @pytest.mark.benchmark
@@ -365,11 +379,39 @@ def test_compare_over_the_network_ranks_an_example_against_the_baseline(tmp_path
         with open(out / "logs" / "bandwidth-DOWNPOUR-20mbit.json") as f:
             assert json.load(f)["cluster"]["bandwidth_bits_per_sec"] == 20 * 10 ** 6
     finally:
-        assert_nothing_left(str(tmp_path))
-        prefixes, left = namespaces_of_runs(str(out / "logs"))
-        for name in left:
-            subprocess.run(["ip", "netns", "delete", name], timeout=10)
-    assert len(prefixes) == 2 and not left, (prefixes, left)  # two cluster.py runs, all gone
+        prefixes = assert_runs_left_nothing(tmp_path, out / "logs")
+    assert len(prefixes) == 2, prefixes  # two cluster.py runs, both gone
+
+
+@pytest.mark.benchmark
+@pytest.mark.cluster
+@pytest.mark.timeout(300)
+@needs_namespaces
+def test_ctrl_c_during_a_network_comparison_stops_the_run_and_removes_its_namespaces(tmp_path):
+    out = tmp_path / "results"
+    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "benchmarks", "compare.py"),
+                             "--bandwidth", "20mbit", "--examples", "Hogwild", "--out", str(out),
+                             "--steps", "3000"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    log = out / "logs" / "bandwidth-Hogwild-20mbit.log"
+    try:
+        read_until(proc, "[2/2] Hogwild, 2 workers, links 20mbit", timeout=120)
+        deadline = time.time() + 120  # until cluster.py has made its hosts and started training
+        while "[worker1] local_step=" not in (log.read_text() if log.exists() else ""):
+            assert time.time() < deadline and proc.poll() is None, "the run did not start"
+            time.sleep(0.2)  # the pace of the checks
+        assert namespaces_of_runs(str(out / "logs"))[1]  # its hosts exist now
+        os.killpg(proc.pid, signal.SIGINT)  # as Ctrl-C reaches compare.py, and only compare.py
+        output, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        prefixes = assert_runs_left_nothing(tmp_path, out / "logs")
+    assert proc.returncode == 128 + signal.SIGINT, output[-3000:]
+    assert "compare: interrupted: stopped Hogwild's run (its log: %s)" % log in output
+    assert "[cluster] interrupted by SIGINT: stopping every task" in log.read_text()
+    assert len(prefixes) == 1, prefixes
 
 
 @pytest.mark.benchmark
