@@ -52,7 +52,7 @@ def parse_rates(text):
         rates.setdefault(runs.link_rate(label), label)
     if not rates:
         raise ValueError("--bandwidth: give at least one rate, e.g. unlimited,20mbit")
-    fastest_first = sorted(rates, key=lambda bits: -float("inf") if bits is None else -bits)
+    fastest_first = sorted(rates, key=lambda bits: float("-inf") if bits is None else -bits)
     return [(rates[bits], bits) for bits in fastest_first]
 
 
@@ -67,6 +67,10 @@ def rank(values, higher_is_better):
 
 def per_second(value):
     return "%.0f" % value if value >= 100 else "%.1f" % value
+
+
+def seconds(value):
+    return "not reached" if value is None else "%.1f" % value
 
 
 def median_bytes_per_mini_batch(by_rate):
@@ -116,10 +120,6 @@ def write_table(path, results, baseline, rates, settings):
     with open(path, "w") as f:
         f.write(text + "\n")
     return text
-
-
-def seconds(value):
-    return "not reached" if value is None else "%.1f" % value
 
 
 def plot_positions(rates):
