@@ -20,6 +20,11 @@ set, the bandwidth bound (the mini-batches per second the busiest link allows, w
 the time) and how close the run came to it. The last line, `[cluster] summary key=value ...`,
 holds the same figures for scripts; --metrics_file writes them as JSON as well.
 
+The tasks are the ones the example's TF_CONFIG names (deploy/manifests.py reads them from its
+train.py): ps and workers for the parameter-server examples, whose chief is worker 0; for
+ParameterServerStrategy a chief host as well, the coordinator, which prints the summary and whose
+end ends its servers; for MultiWorkerMirroredStrategy workers only (no ps: --ps is refused).
+
 The network, all of it made by this tool and removed again when it ends (<pid> is the tool's):
 
     namespace dtfg<pid>-switch    bridge br0, with one port v-<role> per task
@@ -61,11 +66,11 @@ DEFAULT_SUBNET = "10.77.0.0/16"
 PORT = 2222  # every task has an address of its own, so they can all use the same port
 COMMAND_SECS = 10  # the longest one ip or tc command may take
 STOP_GRACE_SECS = 5  # between SIGTERM and SIGKILL when stopping a task
-PS_EXIT_SECS = 30  # the parameter servers' time to exit after the last worker, as in run.sh
+PS_EXIT_SECS = 30  # the servers' time to exit once the run has ended (run.sh allows as long)
 POLL_SECS = 0.1
 RATE_UNITS = {"bit": 1, "kbit": 10 ** 3, "mbit": 10 ** 6, "gbit": 10 ** 9}  # tc's, decimal
 # flags that would override TF_CONFIG, or that the tool passes itself
-CLUSTER_FLAGS = ("--job_name", "--task_index", "--ps_hosts", "--worker_hosts")
+CLUSTER_FLAGS = ("--job_name", "--task_index", "--ps_hosts", "--worker_hosts", "--chief_host")
 OWN_FLAGS = ("--log_dir", "--metrics_file")
 
 
@@ -403,7 +408,7 @@ def deployment_name(train_py):
 def deployment_hosts(deployment, train_py, tasks):
     """Each task's host name as the deployment's DNS would give it (role: name)."""
     name, counts = deployment_name(train_py), {job: sum(t.job == job for t in tasks)
-                                               for job in ("ps", "worker")}
+                                               for job in sorted({t.job for t in tasks})}
     if deployment == "tfjob":
         config = deploy_module("manifests").tfjob_tf_config(name, "default", counts, "ps", 0)
         addresses = {t.role: config["cluster"][t.job][t.index] for t in tasks}
@@ -425,34 +430,42 @@ def reap(tasks):
 
 
 def supervise(tasks, console, deadline, keep_going):
-    """Wait for the workers, then for the parameter servers; return the failures as text.
+    """Wait for the tasks whose end is the run's end, then for the servers; return the failures.
 
-    A failed task stops the cluster, unless keep_going: then only a failed ps does (the workers
-    cannot go on without it), and the other workers finish, as with run.sh.
+    The run ends with the workers, or with the coordinator (chief) where there is one; the
+    others (the parameter servers, and a coordinator's workers) exit by themselves soon after.
+    A failed task stops the cluster, unless keep_going: then only a failed ps or coordinator
+    does (nothing can go on without it), and the other workers finish, as with run.sh.
     """
     failed = []
-    workers = [t for t in tasks if t.job == "worker"]
-    while any(t.running() for t in workers):
+    leaders = [t for t in tasks if t.job == ending_job(t.job for t in tasks)]
+    while any(t.running() for t in leaders):
         SIGNALS.check()
         failed += [t.describe_exit() for t in reap(tasks)]
-        if failed and (not keep_going or any(f.startswith("ps") for f in failed)):
+        if failed and (not keep_going or any(f.startswith(("ps", "chief")) for f in failed)):
             console.say("failed: %s; stopping the cluster" % ", ".join(failed))
             return failed
         if time.time() > deadline:
             console.say("the run timed out (--timeout); stopping the cluster")
             return failed + ["timeout"]
         time.sleep(POLL_SECS)
-    # the parameter servers exit by themselves once every worker has left; bound that wait
-    ps_deadline = min(deadline, time.time() + PS_EXIT_SECS)
+    # the servers exit by themselves once the run has ended; bound that wait
+    servers_deadline = min(deadline, time.time() + PS_EXIT_SECS)
     while any(t.running() for t in tasks):
         SIGNALS.check()
         failed += [t.describe_exit() for t in reap(tasks)]
-        if any(t.running() for t in tasks) and time.time() > ps_deadline:
-            console.say("the parameter servers did not exit %d s after the workers"
-                        % PS_EXIT_SECS)
-            return failed + ["ps (did not exit)"]
+        alive = [t.role for t in tasks if t.running()]
+        if alive and time.time() > servers_deadline:
+            console.say("%s did not exit %d s after the %s" % (", ".join(alive), PS_EXIT_SECS,
+                        "coordinator" if leaders[0].job == "chief" else "workers"))
+            return failed + ["%s (did not exit)" % role for role in alive]
         time.sleep(POLL_SECS)
     return failed
+
+
+def ending_job(jobs):
+    """The job whose tasks' end is the run's end: the coordinator where there is one."""
+    return "chief" if "chief" in set(jobs) else "worker"
 
 
 def stop_tasks(tasks):
@@ -587,20 +600,35 @@ def print_report(console, report, status):
 # main
 # ==================================================================================================
 def find_train_py(example):
-    """EXAMPLE: a folder of this repository (Hogwild) or a path to one; its train.py."""
+    """EXAMPLE: a folder of this repository (Hogwild) or a path to one; its train.py and the
+    jobs its TF_CONFIG names (ps and worker; chief, ps and worker; or worker alone)."""
     folder = example if os.path.isdir(example) else os.path.join(ROOT, example)
     train_py = os.path.abspath(os.path.join(folder, "train.py"))
     if not os.path.isfile(train_py):
         raise SetupError("%s has no train.py: give an example folder such as Hogwild" % example)
-    with open(train_py) as f:
-        text = f.read()
-    if "TF_CONFIG" not in text:
+    jobs = deploy_module("manifests").jobs_of(train_py)
+    if not jobs:
         raise SetupError("%s/train.py is not distributed: it does not read TF_CONFIG"
                          % example)
-    if "# >>> shared: cluster" not in text:  # a coordinator or no ps: another set of tasks
-        raise SetupError("%s runs other tasks than ps and workers; this tool runs the examples "
-                         "with the ps/worker cluster plumbing" % example)
-    return train_py
+    return train_py, jobs
+
+
+def task_counts(jobs, ps, workers, example):
+    """How many tasks of each job: --ps and --workers, and one coordinator if the example has
+    one. An example without parameter servers refuses --ps rather than start none silently."""
+    if "ps" not in jobs and ps is not None:
+        raise SetupError("%s has no parameter servers: leave out --ps" % example)
+    given = {"chief": 1, "ps": 1 if ps is None else ps, "worker": workers}
+    return {job: given[job] for job in ("ps", "worker", "chief") if job in jobs}
+
+
+def describe_counts(counts):
+    """1 ps + 2 worker(s), with + 1 chief (coordinator) where there is one."""
+    parts = ["%d ps" % counts["ps"]] if "ps" in counts else []
+    parts.append("%d worker(s)" % counts["worker"])
+    if "chief" in counts:
+        parts.append("%d chief (coordinator)" % counts["chief"])
+    return " + ".join(parts)
 
 
 def check_train_args(train_args):
@@ -627,10 +655,11 @@ def parser():
                     "namespace of its own joined by a bridge, and report the bytes on the wire "
                     "and the bandwidth bound. Needs root and iproute2 (ip; tc for --bandwidth). "
                     "Arguments after -- go to every train.py.")
-    p.add_argument("example", help="an example folder whose train.py runs as ps and workers "
-                                   "(Hogwild, DOWNPOUR, EASGD, DiLoCo, ...; not the TensorFlow "
-                                   "2 strategies)")
-    p.add_argument("--ps", type=count, default=1, help="parameter servers (default: 1)")
+    p.add_argument("example", help="an example folder whose train.py reads TF_CONFIG "
+                                   "(Hogwild, DOWNPOUR, EASGD, DiLoCo, ..., "
+                                   "ParameterServerStrategy, MultiWorkerMirroredStrategy)")
+    p.add_argument("--ps", type=count, default=None,
+                   help="parameter servers (default: 1; not for an example without any)")
     p.add_argument("--workers", type=count, default=2, help="workers (default: 2)")
     p.add_argument("--bandwidth", type=parse_rate, default=None, metavar="RATE",
                    help="limit each host's link to RATE both ways, in tc's units: 20mbit, "
@@ -670,18 +699,18 @@ def main(argv=None):
     split = argv.index("--") if "--" in argv else len(argv)
     args, train_args = parser().parse_args(argv[:split]), argv[split + 1:]
     try:
-        train_py = find_train_py(args.example)
+        train_py, jobs = find_train_py(args.example)
+        counts = task_counts(jobs, args.ps, args.workers, args.example)
         check_train_args(train_args)
         check_machine(needs_tc=args.bandwidth is not None)
     except SetupError as e:
         return error(str(e))
-    return run_cluster(args, train_py, train_args)
+    return run_cluster(args, train_py, train_args, counts)
 
 
-def run_cluster(args, train_py, train_args):
+def run_cluster(args, train_py, train_args, counts):
     console = Console(args.verbose)
-    tasks = ([Task("ps", i) for i in range(args.ps)]
-             + [Task("worker", i) for i in range(args.workers)])
+    tasks = [Task(job, i) for job, n in counts.items() for i in range(n)]
     roles = [t.role for t in tasks]
     scratch = tempfile.mkdtemp(prefix="dtfg-cluster-")
     log_dir = os.path.abspath(args.log_dir) if args.log_dir else os.path.join(scratch, "logs")
@@ -699,8 +728,8 @@ def run_cluster(args, train_py, train_args):
     def run():
         nonlocal network
         network = Network("dtfg%d" % os.getpid(), roles, args.bandwidth, args.subnet)
-        console.say("%d ps + %d worker(s) of %s, each in a namespace %s-<role> on %s, links %s"
-                    % (args.ps, args.workers, os.path.basename(os.path.dirname(train_py)),
+        console.say("%s of %s, each in a namespace %s-<role> on %s, links %s"
+                    % (describe_counts(counts), os.path.basename(os.path.dirname(train_py)),
                        network.prefix, network.subnet, format_rate(args.bandwidth)))
         network.create()
         names = {t.role: network.address(t.role) for t in tasks}
@@ -708,7 +737,7 @@ def run_cluster(args, train_py, train_args):
             names = deployment_hosts(args.deployment, train_py, tasks)
             network.name_hosts(names)
         cluster = {job: ["%s:%d" % (names[t.role], PORT) for t in tasks if t.job == job]
-                   for job in ("ps", "worker")}
+                   for job in counts}
         before = {role: network.counters(role) for role in roles}
         deadline = time.time() + args.timeout
         for task in tasks:

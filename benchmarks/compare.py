@@ -4,6 +4,10 @@
     python benchmarks/compare.py --quick             # few steps, one repeat, 1-2 workers
     python benchmarks/compare.py --repeats 5 --steps 4000 --out my-results
     python benchmarks/compare.py --from_logs         # redraw the last results without training
+    sudo python benchmarks/compare.py --bandwidth unlimited,1gbit,100mbit,20mbit
+
+With --bandwidth the comparison is over the network instead: every distributed example as
+separate hosts behind links of each rate (benchmarks/bandwidth.py, which this hands over to).
 
 Runs Non-Distributed-Setup and every distributed example through its own run.sh, with the same
 model, batch size and training budget (--steps mini-batches in all, summed over workers), the
@@ -18,66 +22,14 @@ with 1 and 4 workers. Writes into --out:
   logs/            every run's output and metrics.
 """
 import argparse
-import json
 import os
-import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import time
 
 import readme  # benchmarks/readme.py: the figures reach the READMEs only through here
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BASELINE = "Non-Distributed-Setup"
-TARGET = 0.95
-
-
-def examples():
-    """Every folder with a train.py and a run.sh, the baseline first."""
-    found = sorted(d for d in os.listdir(ROOT) if os.path.isfile(os.path.join(ROOT, d, "run.sh"))
-                   and os.path.isfile(os.path.join(ROOT, d, "train.py")))
-    return [BASELINE] + [d for d in found if d != BASELINE]
-
-
-def run_once(example, workers, args, tag):
-    """One run.sh; returns its metrics. A failed run stops everything with its log's name."""
-    logs = os.path.join(args.out, "logs")
-    os.makedirs(logs, exist_ok=True)
-    log_path, metrics_path = (os.path.join(logs, tag + ext) for ext in (".log", ".json"))
-    if args.from_logs:  # redraw from an earlier run's metrics, without training again
-        with open(metrics_path) as f:
-            return json.load(f)
-    tensorboard = os.path.join(logs, tag + "-tensorboard")
-    shutil.rmtree(tensorboard, ignore_errors=True)  # an earlier run's checkpoint would resume
-    command = ["bash", os.path.join(ROOT, example, "run.sh"), "--steps", str(args.steps),
-               "--batch_size", str(args.batch_size), "--log_every", str(args.eval_every),
-               "--seed", str(args.seed),
-               "--log_dir", tensorboard, "--metrics_file",
-               metrics_path]
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                env=dict(os.environ, NUM_WORKERS=str(workers)),
-                                start_new_session=True)  # so a timeout can stop all of it
-        try:
-            proc.wait(timeout=args.timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    if proc.returncode != 0 or not os.path.exists(metrics_path):
-        sys.exit("compare: %s with %d worker(s) failed (exit %s); see %s"
-                 % (example, workers, proc.returncode, log_path))
-    with open(metrics_path) as f:
-        return json.load(f)
-
-
-def time_to_target(metrics):
-    """Seconds from the chief's start until the test accuracy first reached TARGET."""
-    for seconds, _, accuracy in metrics["history"]:
-        if accuracy >= TARGET:
-            return seconds
-    return None
+import runs  # benchmarks/runs.py: how every benchmark runs an example and reads its metrics
+from runs import BASELINE, ROOT, TARGET, time_to_target
 
 
 def median_or_none(values):
@@ -151,51 +103,57 @@ def plot_scaling(path, scaling, worker_counts):
     plt.close(fig)
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"),
-                   help="output folder (default: benchmarks/results)")
-    p.add_argument("--steps", type=int, default=3000, help="mini-batches per run (default: 3000)")
-    p.add_argument("--batch_size", type=int, default=64, help="(default: 64)")
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if any(a == "--bandwidth" or a.startswith("--bandwidth=") for a in argv):
+        import bandwidth  # the network axis has its own table, plots and flags
+        return bandwidth.main(argv, prog="compare.py")
+    p = argparse.ArgumentParser(prog="compare.py", description=__doc__.splitlines()[0])
+    runs.add_run_flags(p)
     p.add_argument("--repeats", type=int, default=3, help="runs per example (default: 3)")
-    p.add_argument("--eval_every", type=int, default=50,
-                   help="the chief's test-accuracy interval in its local steps (default: 50)")
     p.add_argument("--workers", default="1,2,4", help="for the scaling plot (default: 1,2,4)")
-    p.add_argument("--seed", type=int, default=0, help="(default: 0)")
-    p.add_argument("--timeout", type=float, default=600, help="seconds a run may take")
-    p.add_argument("--from_logs", action="store_true",
-                   help="rebuild the table and plots from the metrics an earlier run left in "
-                        "--out/logs, without training (same --repeats and --workers)")
+    p.add_argument("--examples", default="",
+                   help="comma-separated distributed examples to run, e.g. DOWNPOUR,Sync-SGD "
+                        "(default: all; the one-process baseline always runs)")
     p.add_argument("--quick", action="store_true",
                    help="120 steps, one repeat, 2 workers: a smoke test")
-    args = p.parse_args()
+    p.add_argument("--bandwidth", metavar="RATES",
+                   help="compare over a network instead, at each of RATES (e.g. "
+                        "unlimited,1gbit,100mbit,20mbit): see benchmarks/bandwidth.py --help; "
+                        "needs root (default: localhost only)")
+    args = p.parse_args(argv)
     if args.quick:
         args.steps, args.repeats, args.eval_every, args.workers = 120, 1, 20, "2"
     worker_counts = [int(w) for w in args.workers.split(",")]
-    names = examples()
+    try:
+        names = runs.select_examples(args.examples)
+    except ValueError as e:
+        return runs.one_line_error(str(e))
     plan = [(e, 1 if e == BASELINE else 2, r) for e in names for r in range(args.repeats)]
     plan += [(e, w, 0) for e in names if e != BASELINE for w in worker_counts if w != 2]
-    runs, scaling, started = {}, {}, time.time()
+    results, scaling, started = {}, {}, time.time()
     for i, (example, workers, repeat) in enumerate(plan, 1):
         print("[%d/%d] %s, %d worker(s), run %d (%.0f s so far)"
               % (i, len(plan), example, workers, repeat + 1, time.time() - started),
               file=sys.stderr, flush=True)
-        metrics = run_once(example, workers, args, "%s-w%d-r%d" % (example, workers, repeat))
+        metrics = runs.run_example(example, workers, args,
+                                   "%s-w%d-r%d" % (example, workers, repeat))
         if workers == (1 if example == BASELINE else 2):
-            runs.setdefault(example, []).append(metrics)
+            results.setdefault(example, []).append(metrics)
         if example != BASELINE and repeat == 0:
             scaling.setdefault(example, {})[workers] = metrics
     os.makedirs(args.out, exist_ok=True)
-    table = write_table(os.path.join(args.out, "results.md"), runs, args)
+    table = write_table(os.path.join(args.out, "results.md"), results, args)
     print(table)
-    if os.path.abspath(args.out) == readme.RESULTS and not args.quick:  # the figures shown
+    if runs.publishing(args, args.quick):  # the figures shown
         readme.publish("compare.py", table, [readme.BENCHMARKS_README,
                                              os.path.join(ROOT, "README.md")])
-    plot_accuracy(os.path.join(args.out, "accuracy.png"), runs)
+    plot_accuracy(os.path.join(args.out, "accuracy.png"), results)
     plot_scaling(os.path.join(args.out, "scaling.png"), scaling, worker_counts)
     print("\nwrote results.md, accuracy.png and scaling.png to %s in %.0f s"
           % (args.out, time.time() - started))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

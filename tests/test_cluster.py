@@ -1,8 +1,9 @@
 """benchmarks/cluster.py: every task a host of its own, in a network namespace, set up by TF_CONFIG.
 
 The tests that make namespaces need root, ip and tc; they skip with the reason otherwise, and are
-marked `cluster` (deselect them with -m "not cluster"). Every test bounds its waits and checks
-that no process and no namespace of its run is left.
+marked `cluster` (deselect them with -m "not cluster and not benchmark": a -m given replaces
+pytest.ini's). Every test bounds its waits and checks that no process and no namespace of its
+run is left.
 """
 import importlib.util
 import json
@@ -119,6 +120,41 @@ def test_each_family_trains_to_the_bar_with_every_task_on_its_own_host(example, 
     assert all(h["sent_bytes"] > 0 and h["received_bytes"] > 0 for h in hosts.values()), hosts
     # the ps carries every worker's traffic: it is the busiest link
     assert metrics["cluster"]["busiest_link"]["host"] == "ps0"
+
+
+@pytest.mark.cluster
+@needs_namespaces
+@pytest.mark.parametrize("example,chief,hosts", [
+    ("ParameterServerStrategy", "chief0", ["chief0", "ps0", "worker0", "worker1"]),
+    ("MultiWorkerMirroredStrategy", "worker0", ["worker0", "worker1"])])
+def test_tensorflow_2s_strategies_run_with_their_own_tasks_each_on_its_own_host(
+        example, chief, hosts, tmp_path):
+    metrics_file = tmp_path / "metrics.json"
+    proc = start_tool([example, "--workers", "2", "--timeout", "150",
+                       "--log_dir", str(tmp_path / "logs"), "--metrics_file", str(metrics_file)])
+    try:
+        run = finish(proc, timeout=180)
+    finally:
+        assert_run_left_nothing(proc, tmp_path)
+    assert run.code == 0, run.output[-3000:]
+    assert sorted(started_pids(run.output)) == hosts
+    summary = summary_of(run.output, chief)  # the coordinator reports, or worker 0
+    assert float(summary["test_accuracy"]) >= ACCURACY_BAR, summary
+    assert summary["workers"] == "2" and summary["lost_workers"] == "0", summary
+    if chief == "chief0":  # the coordinator is the last host; its servers end once it has
+        for role in ("ps0", "worker0", "worker1"):
+            assert "[%s] 10.77.0.4:2222 is gone; shutting down" % role in run.output, role
+    assert "[cluster] all processes finished" in run.output
+
+    report = summary_of(run.output, "cluster")
+    assert report["exit"] == "0"
+    assert int(report["mini_batches"]) == sum(int(s) for s in summary["local_steps"].split(","))
+    with open(metrics_file) as f:
+        metrics = json.load(f)
+    assert metrics["example"] == example
+    assert sorted(metrics["cluster"]["hosts"]) == hosts
+    assert all(h["sent_bytes"] > 0 and h["received_bytes"] > 0
+               for h in metrics["cluster"]["hosts"].values()), metrics["cluster"]["hosts"]
 
 
 # ==================================================================================================
@@ -335,6 +371,21 @@ def test_without_ip_on_path_one_error_line_and_exit_2(tmp_path):
     expected = ("error: `ip` (iproute2) was not found on PATH" if os.geteuid() == 0
                 else "error: creating network namespaces needs root: run it with sudo")
     assert err.splitlines() == [expected]
+
+
+def test_an_example_without_parameter_servers_refuses_ps_in_one_line():
+    code, out, err = run_tool_briefly([sys.executable, CLUSTER_PY, "MultiWorkerMirroredStrategy",
+                                       "--ps", "1"])
+    assert code == 2 and out == ""
+    assert err.splitlines() == ["error: MultiWorkerMirroredStrategy has no parameter servers: "
+                                "leave out --ps"]
+
+
+def test_the_baseline_is_refused_in_one_line():
+    code, out, err = run_tool_briefly([sys.executable, CLUSTER_PY, "Non-Distributed-Setup"])
+    assert code == 2 and out == ""
+    assert err.splitlines() == ["error: Non-Distributed-Setup/train.py is not distributed: it "
+                                "does not read TF_CONFIG"]
 
 
 def test_without_root_one_error_line_and_exit_2(monkeypatch, capsys):

@@ -1,11 +1,19 @@
-"""benchmarks/compare.py: every example, one table and two plots, nothing left running."""
+"""benchmarks/compare.py: every example, one table and two plots, nothing left running; over a
+network (compare.py --bandwidth, benchmarks/bandwidth.py) and the window sweep
+(benchmarks/window_sweep.py): their tables, ranks, plots and refusals."""
+import argparse
+import json
 import os
+import re
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
-from conftest import EXAMPLES, ROOT, assert_nothing_left
+from conftest import EXAMPLES, ROOT, assert_nothing_left, read_until
+from test_cluster import needs_namespaces
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -36,3 +44,394 @@ def test_compare_names_the_failed_example_and_its_log(tmp_path):
     assert "compare: Non-Distributed-Setup with 1 worker(s) failed" in proc.stderr
     assert os.path.join(str(out), "logs", "Non-Distributed-Setup-w1-r0.log") in proc.stderr
     assert_nothing_left(str(tmp_path))
+
+
+# ==================================================================================================
+# The network axis (bandwidth.py, behind compare.py --bandwidth) and the window sweep: their
+# tables, ranks and plots from given metrics, and their refusals, without training
+# ==================================================================================================
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+import bandwidth  # noqa: E402  (benchmarks/ is not a package)
+import compare  # noqa: E402
+import runs  # noqa: E402
+import window_sweep  # noqa: E402
+
+
+def fake_metrics(rate, reach=None, accuracy=0.97, batch_size=64, workers=2, global_step=600,
+                 fraction=None, kb=20.0):
+    """What a chief's metrics file holds: rate mini-batches/s, 0.95 first reached at reach s."""
+    history = [[1.0, 100, 0.90], [2.0, 200, 0.93]]
+    if reach is not None:
+        history.append([reach, 300, 0.96])
+    metrics = {"test_accuracy": accuracy, "examples_per_sec": rate * batch_size,
+               "batch_size": batch_size, "workers": workers, "global_step": global_step,
+               "history": history}
+    if fraction is not None or kb is not None:
+        metrics["cluster"] = {"bytes_per_mini_batch": kb * 1e3}
+        if fraction is not None:
+            metrics["cluster"]["fraction_of_bound"] = fraction
+    return metrics
+
+
+RATES = [("unlimited", None), ("100mbit", 10 ** 8), ("20mbit", 2 * 10 ** 7)]
+SETTINGS = dict(command="sudo python benchmarks/compare.py --bandwidth unlimited,100mbit,20mbit",
+                workers=2, steps=3000, batch_size=64)
+
+
+def bandwidth_results():
+    """Three examples at RATES: (mini-batches/s, seconds to 0.95, fraction of the bound) each.
+    At 20 Mbit/s B and C reach 0.95 at the same time, A never; C is the fastest."""
+    def example(kb, *by_rate):
+        return {label: fake_metrics(rate, reach, fraction=fraction, kb=kb)
+                for (label, _), (rate, reach, fraction) in zip(RATES, by_rate)}
+    return {"A": example(84.0, (900, 3.0, None), (500, 4.0, 0.5), (50, None, 0.91)),
+            "B": example(17.0, (600, 2.0, None), (590, 2.0, 0.2), (250, 6.0, 0.7)),
+            "C": example(11.0, (700, 2.5, None), (650, 2.5, 0.3), (300, 6.0, 0.85))}
+
+
+def test_rates_are_read_fastest_first_each_once_and_a_bad_one_is_named():
+    assert bandwidth.parse_rates("20mbit,unlimited, 1gbit,100mbit,20mbit") == [
+        ("unlimited", None), ("1gbit", 10 ** 9), ("100mbit", 10 ** 8), ("20mbit", 2 * 10 ** 7)]
+    with pytest.raises(ValueError, match=r"--bandwidth: '20mbps' is not a rate"):
+        bandwidth.parse_rates("unlimited,20mbps")
+    with pytest.raises(ValueError, match="at least one rate"):
+        bandwidth.parse_rates(" , ")
+
+
+def test_ranks_share_ties_and_an_example_that_never_reached_the_bar_has_none():
+    times = {"a": 1.0, "b": 2.0, "c": 2.0, "d": None, "e": 3.0}
+    assert bandwidth.rank(times, higher_is_better=False) == {"a": 1, "b": 2, "c": 2, "d": None,
+                                                            "e": 4}
+    speeds = {"a": 10.0, "b": 30.0, "c": 20.0}
+    assert bandwidth.rank(speeds, higher_is_better=True) == {"a": 3, "b": 1, "c": 2}
+
+
+def table_rows(text):
+    """{first cell: [cells]} of a markdown table's body rows."""
+    rows = [line.strip("|").split(" | ") for line in text.splitlines()
+            if line.startswith("| ") and not line.startswith("| example")]
+    return {cells[0].strip(): [c.strip() for c in cells[1:]] for cells in rows}
+
+
+def test_the_bandwidth_table_ranks_the_examples_at_the_slowest_rate(tmp_path):
+    path = tmp_path / "bandwidth.md"
+    baseline = fake_metrics(2000, 0.4, workers=1, kb=None)
+    text = bandwidth.write_table(str(path), bandwidth_results(), baseline, RATES, SETTINGS)
+    assert path.read_text() == text + "\n"
+    lines = text.splitlines()
+    assert lines[0] == ("| example | mini-batches/s, unlimited | mini-batches/s, 100 Mbit/s "
+                        "| mini-batches/s, 20 Mbit/s | kB per mini-batch | fraction of the "
+                        "bound, 20 Mbit/s | seconds to 0.95, 20 Mbit/s | rank by time to 0.95, "
+                        "20 Mbit/s | rank by mini-batches/s, 20 Mbit/s |")
+    rows = table_rows(text)
+    # the baseline first, as the reference; then by time to 0.95 (a tie by mini-batches/s),
+    # and the one that never reached it last
+    assert list(rows) == ["Non-Distributed-Setup (one process)", "C", "B", "A"]
+    assert rows["Non-Distributed-Setup (one process)"] == [
+        "2000", "2000", "2000", "none", "n/a", "0.4", "reference", "reference"]
+    assert rows["C"] == ["700", "650", "300", "11.0", "0.85", "6.0", "1", "1"]
+    assert rows["B"] == ["600", "590", "250", "17.0", "0.70", "6.0", "1", "2"]
+    assert rows["A"] == ["900", "500", "50.0", "84.0", "0.91", "not reached", "-", "3"]
+    assert lines[-1] == (
+        "`sudo python benchmarks/compare.py --bandwidth unlimited,100mbit,20mbit`: 2 workers "
+        "(and 1 ps where the example has one, and ParameterServerStrategy's coordinator), 3000 "
+        "mini-batches of 64 examples each, every task a host of its own on one machine with %d "
+        "CPU core(s)." % os.cpu_count())
+
+
+def test_bytes_per_mini_batch_is_the_median_over_the_rates(tmp_path):
+    results = bandwidth_results()
+    results["B"]["unlimited"]["cluster"]["bytes_per_mini_batch"] = 16e3
+    results["B"]["100mbit"]["cluster"]["bytes_per_mini_batch"] = 99e3
+    text = bandwidth.write_table(str(tmp_path / "b.md"), results, fake_metrics(2000, 0.4),
+                                 RATES, SETTINGS)
+    assert table_rows(text)["B"][3] == "17.0"  # the median of 16, 99 and 17 kB
+
+
+def test_unlimited_sits_a_decade_beyond_the_fastest_limited_rate_on_the_plot():
+    assert bandwidth.plot_positions(RATES) == [10 ** 9, 10 ** 8, 2 * 10 ** 7]
+    assert bandwidth.plot_positions([("unlimited", None)]) == [10 ** 10]
+
+
+def test_the_bandwidth_plots_are_drawn_from_the_metrics(tmp_path):
+    baseline = fake_metrics(2000, 0.4, workers=1, kb=None)
+    for name, draw in (("bandwidth.png", lambda p: bandwidth.plot_bandwidth(
+            p, bandwidth_results(), baseline, RATES)), ("slow.png", lambda p: (
+            bandwidth.plot_accuracy(p, bandwidth_results(), baseline, RATES[-1])))):
+        draw(str(tmp_path / name))
+        data = (tmp_path / name).read_bytes()
+        assert data.startswith(PNG_SIGNATURE) and len(data) > 10000, name
+
+
+def test_the_window_sweep_table_has_a_row_per_example_and_window(tmp_path):
+    results = {"DOWNPOUR": {1: fake_metrics(100, 5.0, workers=4, global_step=3000, kb=None),
+                            32: fake_metrics(400, None, 0.81, workers=4, global_step=94,
+                                             kb=None)},
+               "ADAG": {1: fake_metrics(120, 4.5, workers=4, global_step=3000, kb=None),
+                        32: fake_metrics(450, 9.0, workers=4, global_step=94, kb=None)}}
+    settings = dict(command="python benchmarks/window_sweep.py", workers=4, learning_rate=0.1,
+                    steps=3000, batch_size=64, bandwidth=None)
+    text = window_sweep.write_table(str(tmp_path / "w.md"), results, [1, 32], settings)
+    lines = text.splitlines()
+    assert lines[0] == ("| example | window | final test accuracy | seconds to 0.95 "
+                        "| mini-batches/s | pushes per worker |")
+    assert lines[2:6] == ["| DOWNPOUR | 1 | 0.970 | 5.0 | 100 | 750 |",
+                          "| DOWNPOUR | 32 | 0.810 | not reached | 400 | 24 |",
+                          "| ADAG | 1 | 0.970 | 4.5 | 120 | 750 |",
+                          "| ADAG | 32 | 0.970 | 9.0 | 450 | 24 |"]
+    assert lines[-1].startswith("`python benchmarks/window_sweep.py`: 4 workers and 1 ps, on "
+                                "localhost; learning rate 0.1 for both")
+    for example in results:  # over a network, the bytes a mini-batch as well
+        for m in results[example].values():
+            m["cluster"] = {"bytes_per_mini_batch": 2500.0}
+    networked = window_sweep.write_table(str(tmp_path / "w.md"), results, [1, 32],
+                                         dict(settings, bandwidth="20 Mbit/s"))
+    assert networked.splitlines()[0].endswith("| pushes per worker | kB per mini-batch |")
+    assert networked.splitlines()[2].endswith("| 750 | 2.5 |")
+    assert "every task a host of its own, links at 20 Mbit/s" in networked
+
+
+def test_downpour_gets_an_sgd_ps_at_the_workers_rate_and_adag_only_the_window():
+    assert window_sweep.train_args("DOWNPOUR", 8, 0.1) == [
+        "--window", "8", "--learning_rate", "0.1", "--ps_optimizer", "sgd",
+        "--ps_learning_rate", "0.1"]
+    assert window_sweep.train_args("ADAG", 8, 0.1) == ["--window", "8", "--learning_rate", "0.1"]
+
+
+def test_only_a_full_run_into_the_default_folder_publishes(tmp_path):
+    default = argparse_namespace(out=os.path.join(ROOT, "benchmarks", "results"))
+    assert runs.publishing(default, quick=False)
+    assert not runs.publishing(default, quick=True)
+    assert not runs.publishing(argparse_namespace(out=str(tmp_path)), quick=False)
+
+
+def argparse_namespace(**values):
+    return argparse.Namespace(**values)
+
+
+def exit_code(main, argv):
+    """main's exit status, whether it returns it or exits with it (argparse's errors)."""
+    try:
+        return main(argv)
+    except SystemExit as e:
+        return e.code
+
+
+def no_runs(monkeypatch):
+    """Make any attempt to start a run fail the test."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("a run was started: %s" % (args,))
+    monkeypatch.setattr(runs.subprocess, "Popen", refuse)
+
+
+@pytest.mark.parametrize("main,argv", [
+    (compare.main, ["--bandwidth", "unlimited,20mbit"]),
+    (bandwidth.main, []),
+    (window_sweep.main, ["--bandwidth", "20mbit"])],
+    ids=["compare.py --bandwidth", "bandwidth.py", "window_sweep.py --bandwidth"])
+def test_without_root_a_network_run_is_refused_in_one_line_before_any_run(
+        main, argv, monkeypatch, capsys, tmp_path):
+    no_runs(monkeypatch)
+    monkeypatch.setattr(bandwidth.cluster.os, "geteuid", lambda: 1000)
+    assert exit_code(main, argv + ["--out", str(tmp_path / "out")]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.splitlines() == ["error: creating network namespaces needs root: run it with sudo"]
+    assert not (tmp_path / "out").exists()
+
+
+def test_without_tc_a_limited_rate_is_refused_in_one_line(tmp_path):
+    # PATH holds only an empty folder: neither ip nor tc (as root, ip is missed first)
+    empty = tmp_path / "empty-bin"
+    empty.mkdir()
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "compare.py"),
+                           "--bandwidth", "unlimited,20mbit", "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, PATH=str(empty)))
+    assert proc.returncode == 2 and proc.stdout == ""
+    expected = ("error: `ip` (iproute2) was not found on PATH" if os.geteuid() == 0
+                else "error: creating network namespaces needs root: run it with sudo")
+    assert proc.stderr.splitlines() == [expected]
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--bandwidth", "unlimited,20mbps"], "error: --bandwidth: '20mbps' is not a rate"),
+    (["--bandwidth", "20mbit", "--examples", "DOWNPOUR,Nope"],
+     "error: --examples: no example named Nope; choose from ADAG,"),
+    (["--bandwidth", "20mbit", "--repeats", "3"],
+     "error: unrecognized arguments: --repeats 3 (see python benchmarks/bandwidth.py --help)")])
+def test_compare_with_bad_network_input_says_what_is_wrong_in_one_line(argv, message, monkeypatch,
+                                                                       capsys, tmp_path):
+    no_runs(monkeypatch)
+    assert exit_code(compare.main, argv + ["--out", str(tmp_path)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.splitlines()) == 1 and err.startswith(message), err
+
+
+def write_fake_logs(out, tags_and_metrics):
+    logs = out / "logs"
+    logs.mkdir(parents=True)
+    for tag, metrics in tags_and_metrics.items():
+        (logs / (tag + ".json")).write_text(json.dumps(metrics))
+
+
+def test_from_logs_redraws_the_network_comparison_without_training_or_root(
+        monkeypatch, tmp_path):
+    no_runs(monkeypatch)
+    monkeypatch.setattr(bandwidth.cluster.os, "geteuid", lambda: 1000)  # nothing needs root
+    out = tmp_path / "out"
+    results = bandwidth_results()["B"]
+    write_fake_logs(out, {"bandwidth-Non-Distributed-Setup": fake_metrics(2000, 0.4, kb=None),
+                          "bandwidth-DOWNPOUR-unlimited": results["unlimited"],
+                          "bandwidth-DOWNPOUR-20mbit": results["20mbit"]})
+    assert compare.main(["--bandwidth", "unlimited,20mbit", "--examples", "DOWNPOUR",
+                         "--from_logs", "--out", str(out)]) == 0
+    text = (out / "bandwidth.md").read_text()
+    assert table_rows(text)["DOWNPOUR"] == ["600", "250", "17.0", "0.70", "6.0", "1", "1"]
+    assert text.splitlines()[-1].startswith(  # the command that measured it, not the redraw
+        "`sudo python benchmarks/compare.py --bandwidth unlimited,20mbit --examples DOWNPOUR "
+        "--out ")
+    for name in ("bandwidth.png", "accuracy_slow_network.png"):
+        assert (out / name).read_bytes().startswith(PNG_SIGNATURE), name
+
+
+def test_from_logs_redraws_the_window_sweep_without_training(monkeypatch, tmp_path):
+    no_runs(monkeypatch)
+    out = tmp_path / "out"
+    write_fake_logs(out, {"window_sweep-%s-window%d" % (e, w): fake_metrics(100 * w, 2.0 * w,
+                                                                             workers=4, kb=None)
+                          for e in ("DOWNPOUR", "ADAG") for w in (1, 4)})
+    assert window_sweep.main(["--windows", "4,1", "--from_logs", "--out", str(out)]) == 0
+    text = (out / "window_sweep.md").read_text()
+    assert "| DOWNPOUR | 4 | 0.970 | 8.0 | 400 | 150 |" in text
+    assert (out / "window_sweep.png").read_bytes().startswith(PNG_SIGNATURE)
+
+
+# ==================================================================================================
+# Short real runs (marked benchmark: deselected by default; see benchmarks/README.md)
+# ==================================================================================================
+def run_benchmark(argv, timeout):
+    """A benchmark script in a session of its own; past timeout it gets SIGINT (it stops its
+    run, and cluster.py its namespaces), then SIGKILL. Returns (exit status, output)."""
+    proc = subprocess.Popen([sys.executable] + argv, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            output, _ = proc.communicate(timeout=90)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            output, _ = proc.communicate()
+        pytest.fail("%s did not finish within %d s:\n%s" % (argv[0], timeout, output[-3000:]))
+    return proc.returncode, output
+
+
+def namespaces_of_runs(logs):
+    """The namespaces the cluster.py runs logged in logs named (dtfg<pid>-<role>), still there."""
+    prefixes = set()
+    for name in (os.listdir(logs) if os.path.isdir(logs) else []):
+        if name.endswith(".log"):
+            with open(os.path.join(logs, name)) as f:
+                prefixes.update(re.findall(r"namespace (dtfg\d+)-<role>", f.read()))
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
+                            timeout=10).stdout.split()
+    return prefixes, [n for n in listed if n.split("-")[0] in prefixes]
+
+
+def assert_runs_left_nothing(tmp_path, logs):
+    """No process of the test's runs and none of their namespaces (removed anyway, so that one
+    failure does not spoil the machine); returns the namespace prefixes the runs used."""
+    try:
+        assert_nothing_left(str(tmp_path))
+    finally:
+        prefixes, left = namespaces_of_runs(str(logs))
+        for name in left:
+            subprocess.run(["ip", "netns", "delete", name], timeout=10)
+    assert not left, "namespaces left behind: %s" % left
+    return prefixes
+
+
+@pytest.mark.benchmark
+@pytest.mark.cluster
+@pytest.mark.timeout(600)
+@needs_namespaces
+def test_compare_over_the_network_ranks_an_example_against_the_baseline(tmp_path):
+    out = tmp_path / "results"
+    code, output = run_benchmark([os.path.join(ROOT, "benchmarks", "compare.py"),
+                                  "--bandwidth", "unlimited,20mbit", "--examples", "DOWNPOUR",
+                                  "--quick", "--out", str(out)], timeout=480)
+    try:
+        assert code == 0, output[-3000:]
+        assert "[3/3] DOWNPOUR, 2 workers, links 20mbit" in output
+        rows = table_rows((out / "bandwidth.md").read_text())
+        assert list(rows) == ["Non-Distributed-Setup (one process)", "DOWNPOUR"]
+        unlimited, slow, kb, fraction, reach, by_time, by_speed = rows["DOWNPOUR"]
+        assert float(slow) < float(unlimited)  # 20 Mbit/s costs DOWNPOUR throughput
+        assert 1 < float(kb) < 100  # a window's push and pull, per mini-batch (about 17 kB)
+        assert 0.1 < float(fraction) <= 1.2, fraction  # a real bound, roughly met or under
+        assert by_speed == "1" and by_time in ("1", "-")
+        for name in ("bandwidth.png", "accuracy_slow_network.png"):
+            data = (out / name).read_bytes()
+            assert data.startswith(PNG_SIGNATURE) and len(data) > 10000, name
+        with open(out / "logs" / "bandwidth-DOWNPOUR-20mbit.json") as f:
+            assert json.load(f)["cluster"]["bandwidth_bits_per_sec"] == 20 * 10 ** 6
+    finally:
+        prefixes = assert_runs_left_nothing(tmp_path, out / "logs")
+    assert len(prefixes) == 2, prefixes  # two cluster.py runs, both gone
+
+
+@pytest.mark.benchmark
+@pytest.mark.cluster
+@pytest.mark.timeout(300)
+@needs_namespaces
+def test_ctrl_c_during_a_network_comparison_stops_the_run_and_removes_its_namespaces(tmp_path):
+    out = tmp_path / "results"
+    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "benchmarks", "compare.py"),
+                             "--bandwidth", "20mbit", "--examples", "Hogwild", "--out", str(out),
+                             "--steps", "3000"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    log = out / "logs" / "bandwidth-Hogwild-20mbit.log"
+    try:
+        read_until(proc, "[2/2] Hogwild, 2 workers, links 20mbit", timeout=120)
+        deadline = time.time() + 120  # until cluster.py has made its hosts and started training
+        while "[worker1] local_step=" not in (log.read_text() if log.exists() else ""):
+            assert time.time() < deadline and proc.poll() is None, "the run did not start"
+            time.sleep(0.2)  # the pace of the checks
+        assert namespaces_of_runs(str(out / "logs"))[1]  # its hosts exist now
+        os.killpg(proc.pid, signal.SIGINT)  # as Ctrl-C reaches compare.py, and only compare.py
+        output, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        prefixes = assert_runs_left_nothing(tmp_path, out / "logs")
+    assert proc.returncode == 128 + signal.SIGINT, output[-3000:]
+    assert "compare: interrupted: stopped Hogwild's run (its log: %s)" % log in output
+    assert "[cluster] interrupted by SIGINT: stopping every task" in log.read_text()
+    assert len(prefixes) == 1, prefixes
+
+
+@pytest.mark.benchmark
+@pytest.mark.timeout(600)
+def test_the_window_sweep_runs_both_examples_at_each_window(tmp_path):
+    out = tmp_path / "results"
+    code, output = run_benchmark([os.path.join(ROOT, "benchmarks", "window_sweep.py"),
+                                  "--quick", "--windows", "1,4", "--workers", "2",
+                                  "--out", str(out)], timeout=480)
+    try:
+        assert code == 0, output[-3000:]
+        rows = [[c.strip() for c in line.strip("|").split("|")]
+                for line in (out / "window_sweep.md").read_text().splitlines()
+                if line.startswith(("| DOWNPOUR |", "| ADAG |"))]
+        assert [r[:2] for r in rows] == [["DOWNPOUR", "1"], ["DOWNPOUR", "4"], ["ADAG", "1"],
+                                         ["ADAG", "4"]]
+        pushes = {(r[0], int(r[1])): float(r[5]) for r in rows}
+        # 300 mini-batches over 2 workers: 150 pushes each at window 1, about 38 at window 4
+        assert pushes["DOWNPOUR", 1] == pytest.approx(150, abs=2)
+        assert pushes["ADAG", 4] == pytest.approx(150 / 4, abs=2)
+        assert (out / "window_sweep.png").read_bytes().startswith(PNG_SIGNATURE)
+    finally:
+        assert_nothing_left(str(tmp_path))

@@ -1,0 +1,197 @@
+"""How the benchmarks run an example and read its results: one place for compare.py,
+bandwidth.py and window_sweep.py.
+
+A run is either the example's own run.sh on localhost, what a user runs first, or
+benchmarks/cluster.py, every task a host of its own behind links of a given rate. Either way
+its output goes to --out/logs/<tag>.log (the first line is the command) and the chief's
+metrics to --out/logs/<tag>.json, which --from_logs reads back to redraw the tables and plots
+without training again.
+"""
+import argparse
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+
+import cluster  # benchmarks/cluster.py: the rates it takes
+import readme  # benchmarks/readme.py: where the published figures live
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CLUSTER_PY = os.path.join(ROOT, "benchmarks", "cluster.py")
+BASELINE = "Non-Distributed-Setup"
+TARGET = 0.95  # the test accuracy "seconds to" counts to (tests/conftest.py's ACCURACY_BAR)
+STOP_SECS = 60  # a stopped run's time to stop its tasks (and cluster.py's to remove namespaces)
+
+
+def examples():
+    """Every folder with a train.py and a run.sh, the baseline first."""
+    found = sorted(d for d in os.listdir(ROOT) if os.path.isfile(os.path.join(ROOT, d, "run.sh"))
+                   and os.path.isfile(os.path.join(ROOT, d, "train.py")))
+    return [BASELINE] + [d for d in found if d != BASELINE]
+
+
+def select_examples(text):
+    """--examples DOWNPOUR,Sync-SGD -> the baseline and those, in the usual order; empty: all.
+    The baseline always runs: it is what every distributed example is measured against."""
+    names = examples()
+    if not text:
+        return names
+    chosen = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in chosen if name not in names]
+    if unknown:
+        raise ValueError("--examples: no example named %s; choose from %s"
+                         % (", ".join(unknown), ",".join(names[1:])))
+    return [name for name in names if name == BASELINE or name in chosen]
+
+
+def add_run_flags(p, steps=3000, eval_every=50):
+    """The flags every benchmark that trains the examples shares."""
+    p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"),
+                   help="output folder (default: benchmarks/results)")
+    p.add_argument("--steps", type=int, default=steps,
+                   help="mini-batches per run, summed over the workers (default: %d)" % steps)
+    p.add_argument("--batch_size", type=int, default=64, help="(default: 64)")
+    p.add_argument("--eval_every", type=int, default=eval_every,
+                   help="the chief's test-accuracy interval in its local steps (default: %d)"
+                        % eval_every)
+    p.add_argument("--seed", type=int, default=0, help="(default: 0)")
+    p.add_argument("--timeout", type=float, default=600,
+                   help="seconds a run may take (default: 600)")
+    p.add_argument("--from_logs", action="store_true",
+                   help="rebuild the tables and plots from the metrics an earlier run left in "
+                        "--out/logs, without training (give the same options)")
+
+
+def run_example(example, workers, args, tag, train_args=(), bandwidth=None, who="compare"):
+    """One run of example with workers workers; returns the chief's metrics.
+
+    bandwidth None: the example's run.sh on localhost. A rate as cluster.py takes it
+    (unlimited, 20mbit): cluster.py, whose report is then in the metrics under "cluster". Every
+    run gets --steps, --batch_size, --seed and --log_every (--eval_every) from args, then
+    train_args. A failed run stops the benchmark with the name of its log.
+    """
+    logs = os.path.join(args.out, "logs")
+    os.makedirs(logs, exist_ok=True)
+    log_path, metrics_path = (os.path.join(logs, tag + ext) for ext in (".log", ".json"))
+    if args.from_logs:  # redraw from an earlier run's metrics, without training again
+        with open(metrics_path) as f:
+            return json.load(f)
+    tensorboard = os.path.join(logs, tag + "-tensorboard")
+    shutil.rmtree(tensorboard, ignore_errors=True)  # an earlier run's checkpoint would resume
+    if os.path.exists(metrics_path):
+        os.remove(metrics_path)  # a failed run must not leave an earlier run's figures behind
+    common = ["--steps", str(args.steps), "--batch_size", str(args.batch_size),
+              "--log_every", str(args.eval_every), "--seed", str(args.seed)] + list(train_args)
+    own = ["--log_dir", tensorboard, "--metrics_file", metrics_path]
+    env, timeout = dict(os.environ), args.timeout
+    if bandwidth is None:
+        command = ["bash", os.path.join(ROOT, example, "run.sh")] + common + own
+        env["NUM_WORKERS"] = str(workers)
+    else:  # cluster.py bounds the run itself, and then removes what it made
+        command = ([sys.executable, CLUSTER_PY, example, "--workers", str(workers),
+                    "--bandwidth", bandwidth, "--timeout", str(args.timeout)] + own
+                   + ["--"] + common)
+        timeout += STOP_SECS
+    with open(log_path, "w") as log:
+        log.write("$ %s\n" % " ".join(shlex.quote(c) for c in command))
+        log.flush()
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)  # so a timeout can stop all of it
+        try:
+            code = wait_or_stop(proc, timeout)
+        except KeyboardInterrupt:
+            print("%s: interrupted: stopped %s's run (its log: %s)" % (who, example, log_path),
+                  file=sys.stderr, flush=True)
+            sys.exit(128 + signal.SIGINT)
+    if code != 0 or not os.path.exists(metrics_path):
+        sys.exit("%s: %s with %d worker(s)%s failed (%s); see %s" % (
+            who, example, workers, "" if bandwidth is None else " at " + bandwidth,
+            "timed out after %.0f s" % timeout if code is None else "exit %d" % code, log_path))
+    with open(metrics_path) as f:
+        return json.load(f)
+
+
+def wait_or_stop(proc, timeout):
+    """The run's exit status, or None if it timed out. Past timeout, or on Ctrl-C here (the run
+    is in a session of its own, so it did not see it), stop it first."""
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        stop(proc)
+        return None
+    except BaseException:
+        stop(proc)
+        raise
+
+
+def stop(proc):
+    """SIGINT to the run's process group: run.sh and cluster.py both stop every task on it
+    (cluster.py removes its namespaces too); SIGKILL if it has not ended after STOP_SECS."""
+    for sig in (signal.SIGINT, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(timeout=STOP_SECS)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def link_rate(label):
+    """A --bandwidth rate as cluster.py takes it (20mbit, 1gbit, unlimited) -> bits per second,
+    None for unlimited; ValueError with cluster.py's explanation otherwise."""
+    try:
+        return cluster.parse_rate(label)
+    except argparse.ArgumentTypeError as e:
+        raise ValueError("--bandwidth: %s" % e)
+
+
+def time_to_target(metrics):
+    """Seconds from the chief's start until the test accuracy first reached TARGET."""
+    for seconds, _, accuracy in metrics["history"]:
+        if accuracy >= TARGET:
+            return seconds
+    return None
+
+
+def mini_batches_per_sec(metrics):
+    """All workers' mini-batches a second over the training loop (the chief's count)."""
+    return metrics["examples_per_sec"] / metrics["batch_size"]
+
+
+def command_line(prog, argv, sudo=False):
+    """The command that measures it again: [sudo] python benchmarks/PROG ARGS (a redraw's
+    --from_logs left out)."""
+    return " ".join(["sudo"] * sudo + ["python", "benchmarks/" + prog]
+                    + [shlex.quote(a) for a in argv if a != "--from_logs"])
+
+
+def publishing(args, quick):
+    """Only a full run into the default folder updates the figures the READMEs show."""
+    return os.path.abspath(args.out) == readme.RESULTS and not quick
+
+
+def pyplot():
+    import matplotlib
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def one_line_error(message):
+    """Bad input or a machine that cannot: one line, exit status 2 (as cluster.py does)."""
+    print("error: " + message, file=sys.stderr, flush=True)
+    return 2
+
+
+def argparse_for(prog, doc, help_command=None):
+    """A parser whose usage errors are one `error:` line and exit status 2."""
+    p = argparse.ArgumentParser(prog=prog, description=doc.splitlines()[0])
+    help_command = help_command or "python benchmarks/%s --help" % prog
+    p.error = lambda message: sys.exit(one_line_error("%s (see %s)" % (message, help_command)))
+    return p
