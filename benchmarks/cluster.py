@@ -34,8 +34,8 @@ The network, all of it made by this tool and removed again when it ends (<pid> i
 
 The host's own network namespace is never touched: no interface, address or route is added to
 it. The task namespaces have no route beyond their subnet, so a task can reach only its own
-loopback and the other tasks of the run (so nothing downloads: give --dataset mnist a local
---data_path). With --bandwidth, a tbf qdisc limits each link both ways: on eth0 inside the
+loopback and the other tasks of the run (so nothing downloads; the digits and a --data_path
+file are read from disk). With --bandwidth, a tbf qdisc limits each link both ways: on eth0 inside the
 task's namespace (what the task sends) and on its bridge port inside the switch namespace (what
 the task receives). The tool exits with 0 when every task did; 1 when a task failed or the run
 timed out; 2 for bad input or a machine that cannot do this; 128+N after signal N (Ctrl-C: 130).

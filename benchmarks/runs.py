@@ -161,7 +161,7 @@ def time_to_target(metrics):
 
 def mini_batches_per_sec(metrics):
     """All workers' mini-batches a second over the training loop (the chief's count)."""
-    return metrics["examples_per_sec"] / metrics["batch_size"]
+    return metrics["steps_per_sec"]
 
 
 def command_line(prog, argv, sudo=False):

@@ -64,7 +64,7 @@ def main():
     tf.compat.v1.disable_eager_execution()
     flags = template.parse_flags(["--batch_size", str(args.batch_size), "--hidden",
                                   str(args.hidden)], template.example_flags)
-    data = template.load_dataset("digits")
+    data = template.load_dataset()
 
     if args.serve:
         cluster = dict(zip(("ps", "worker"), ([a] for a in args.serve.split(","))))
@@ -102,7 +102,7 @@ def main():
                 time.sleep(0.2)
             sgd = template.build_async_sgd(flags, cluster, *template.training_batches(
                 data, flags.batch_size, 0, 1, flags.seed))
-            global_step, train_op = sgd.global_step, sgd.train_op
+            global_step, train_op = sgd.global_step, sgd.step  # an update, as train.py runs it
             with tf.compat.v1.Session(worker.target, config=tf.compat.v1.ConfigProto(
                     device_filters=["/job:ps", "/job:worker/task:0"])) as s:
                 s.run(tf.compat.v1.global_variables_initializer())

@@ -63,8 +63,8 @@ def fake_metrics(rate, reach=None, accuracy=0.97, batch_size=64, workers=2, glob
     history = [[1.0, 100, 0.90], [2.0, 200, 0.93]]
     if reach is not None:
         history.append([reach, 300, 0.96])
-    metrics = {"test_accuracy": accuracy, "examples_per_sec": rate * batch_size,
-               "batch_size": batch_size, "workers": workers, "global_step": global_step,
+    metrics = {"test_accuracy": accuracy, "steps_per_sec": rate,
+               "examples_per_sec": rate * batch_size, "batch_size": batch_size, "workers": workers, "global_step": global_step,
                "history": history}
     if fraction is not None or kb is not None:
         metrics["cluster"] = {"bytes_per_mini_batch": kb * 1e3}
