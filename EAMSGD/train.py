@@ -237,7 +237,7 @@ def parse_flags(argv, example_flags, distributed=True):
             ("log_dir", str, "", "checkpoints and summaries; one that has them resumes"),
             ("seed", int, 0, "seed of the initial weights and the shuffling"),
             ("metrics_file", str, "", "also write the summary here, as JSON"),
-            ("log_every", int, 100, "progress (the chief's: test accuracy, checkpoint) every N"),
+            ("log_every", int, 100, "progress (the chief's: test accuracy) every N local steps"),
     ] + [("job_name", str, "", "ps or worker (or set TF_CONFIG)"),
          ("task_index", int, 0, "this task's index in its job"),
          ("ps_hosts", str, "", "comma-separated host:port of the ps tasks"),
@@ -377,7 +377,7 @@ class TrainingLog(object):
         self.write_entry = tf.compat.v1.scatter_update(self.record, [args.task_index],
                                                        self.entry[None])
         self.global_step, self.staleness_sum = tf.compat.v1.train.get_or_create_global_step(), None
-        self.local_steps, self.history = 0, []
+        self.local_steps, self.history, self.saved = 0, [], 0  # saved: last checkpoint's time
 
     def start(self, server):
         """The session: the chief restores the last checkpoint in --log_dir or initialises the
@@ -426,9 +426,12 @@ class TrainingLog(object):
         if before == 0:  # the clock starts now: the first update set the graph up everywhere
             self.clock = (self.local_steps, time.time(), self.step)
 
-    def evaluate(self, session, global_step, **summaries):
-        """The chief's checkpoint, then its test accuracy (also to TensorBoard, with summaries)."""
-        self.saver.save(session, os.path.join(self.args.log_dir, "model.ckpt"), global_step)
+    def evaluate(self, session, global_step, last=False, **summaries):
+        """The chief's test accuracy (to TensorBoard too, with summaries), after a checkpoint:
+        at the first evaluation, then at most every 30 s, and at the last."""
+        if last or time.time() > self.saved + 30:
+            self.saver.save(session, os.path.join(self.args.log_dir, "model.ckpt"), global_step)
+            self.saved = time.time()
         accuracy = float(session.run(self.test_accuracy))
         self.history.append([round(time.time() - self.started, 3), global_step, accuracy])
         self.writer.add_summary(tf.compat.v1.Summary(value=[tf.compat.v1.Summary.Value(
@@ -450,9 +453,10 @@ class TrainingLog(object):
             lost = [w for w, steps in enumerate(left) if steps < 0]
             step = int(session.run(self.global_step))
             summary = dict(
-                example=EXAMPLE, test_accuracy=self.evaluate(session, step), global_step=step,
-                workers=len(left), ps=len(self.cluster["ps"]), lost_workers=len(lost),
-                local_steps=[int(s) for s in left], updates=step - self.start_step,
+                example=EXAMPLE, test_accuracy=self.evaluate(session, step, last=True),
+                global_step=step, workers=len(left), ps=len(self.cluster["ps"]),
+                lost_workers=len(lost), local_steps=[int(s) for s in left],
+                updates=step - self.start_step,
                 steps_per_sec=(step - self.clock[2]) * minibatches_per_update / seconds)
             summary["examples_per_sec"] = summary["steps_per_sec"] * self.args.batch_size
             if self.staleness_sum is not None:  # see count_staleness

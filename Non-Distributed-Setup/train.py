@@ -210,7 +210,7 @@ def parse_flags(argv, example_flags, distributed=True):
             ("log_dir", str, "", "checkpoints and summaries; one that has them resumes"),
             ("seed", int, 0, "seed of the initial weights and the shuffling"),
             ("metrics_file", str, "", "also write the summary here, as JSON"),
-            ("log_every", int, 100, "progress (the chief's: test accuracy, checkpoint) every N"),
+            ("log_every", int, 100, "progress (the chief's: test accuracy) every N local steps"),
     ] + [("job_name", str, "", "ps or worker (or set TF_CONFIG)"),
          ("task_index", int, 0, "this task's index in its job"),
          ("ps_hosts", str, "", "comma-separated host:port of the ps tasks"),
