@@ -301,7 +301,13 @@ def run_task(args, cluster, train):
                  % (",".join(cluster["ps"]), args.connect_timeout))
         return train(args, cluster, server)
     except tf.errors.OpError as e:
-        fail("%s %d stopped: %s: %s" % (job, index, type(e).__name__, e.message.splitlines()[0]))
+        fail("%s %d stopped: %s: %s" % (job, index, type(e).__name__, cause(e)))
+
+
+def cause(error):
+    """The line of a TensorFlow error that says what went wrong (not the node or the trace)."""
+    return [line for line in error.message.splitlines() if line.strip() and not line.startswith(
+        (" ", "\t", "Node: "))][-1]
 
 
 def is_listening(address):

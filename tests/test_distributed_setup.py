@@ -118,6 +118,20 @@ def test_a_lost_chief_stops_the_run_with_the_command_that_resumes_it(tmp_path):
     assert_nothing_left(str(tmp_path))
 
 
+def test_a_lost_parameter_server_stops_the_run_in_one_line_per_worker(tmp_path):
+    proc = start_example("Distributed-Setup", ["--log_dir", str(tmp_path / "logs"),
+                                               "--steps", "100000", "--log_every", "50"])
+    seen = read_until(proc, "[worker0] local_step=", timeout=120)
+    os.kill(int(seen.split("started ps0 pid=")[1].split()[0]), signal.SIGKILL)
+    killed_at = time.time()
+    run = finish(proc, timeout=60)
+    assert run.code == 1 and time.time() - killed_at < 40, run.output[-3000:]
+    assert "[run.sh] failed: ps0 (exit 137)" in run.output and "Traceback" not in run.output
+    errors = [l for _, l in run.lines if "] error: " in l]  # a worker may be stopped first
+    assert all(" stopped: UnavailableError: " in l for l in errors), errors
+    assert_nothing_left(str(tmp_path))
+
+
 def test_ctrl_c_stops_every_process(tmp_path):
     proc = start_example("Distributed-Setup", ["--log_dir", str(tmp_path / "logs"),
                                                "--steps", "100000"], env={"NUM_WORKERS": "2"})
@@ -321,3 +335,15 @@ def test_each_worker_draws_its_own_batches_and_every_step_sees_a_new_one():
         assert len(set(batches)) == len(batches), "a batch came twice"
         epoch = 200 // 32
         assert len(set().union(*batches[:epoch])) == epoch * 32, "an epoch repeats an example"
+
+
+
+# --- Errors from TensorFlow: the line that says what went wrong -----------------------------------
+def test_a_tensorflow_error_is_reported_by_its_cause_not_its_node_or_trace():
+    import tensorflow as tf
+    train = load_train_module("Distributed-Setup")
+    error = tf.errors.AbortedError(None, None, "Graph execution error:\n\nDetected at node 'x' "
+                                   "defined at (most recent call last):\n  File \"train.py\", "
+                                   "line 1\nNode: 'x'\nthe step was aborted\n\t [[{{node x}}]]")
+    assert train.cause(error) == "the step was aborted"
+    assert train.cause(tf.errors.UnavailableError(None, None, "Socket closed")) == "Socket closed"
