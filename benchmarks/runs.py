@@ -71,7 +71,8 @@ def run_example(example, workers, args, tag, train_args=(), bandwidth=None, who=
     bandwidth None: the example's run.sh on localhost. A rate as cluster.py takes it
     (unlimited, 20mbit): cluster.py, whose report is then in the metrics under "cluster". Every
     run gets --steps, --batch_size, --seed and --log_every (--eval_every) from args, then
-    train_args. A failed run stops the benchmark with the name of its log.
+    train_args. A run that fails runs once more (its log kept as <tag>-failed.log); a second
+    failure stops the benchmark with the name of its log.
     """
     logs = os.path.join(args.out, "logs")
     os.makedirs(logs, exist_ok=True)
@@ -95,23 +96,30 @@ def run_example(example, workers, args, tag, train_args=(), bandwidth=None, who=
                     "--bandwidth", bandwidth, "--timeout", str(args.timeout)] + own
                    + ["--"] + common)
         timeout += STOP_SECS
-    with open(log_path, "w") as log:
-        log.write("$ %s\n" % " ".join(shlex.quote(c) for c in command))
-        log.flush()
-        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)  # so a timeout can stop all of it
-        try:
-            code = wait_or_stop(proc, timeout)
-        except KeyboardInterrupt:
-            print("%s: interrupted: stopped %s's run (its log: %s)" % (who, example, log_path),
-                  file=sys.stderr, flush=True)
-            sys.exit(128 + signal.SIGINT)
-    if code != 0 or not os.path.exists(metrics_path):
-        sys.exit("%s: %s with %d worker(s)%s failed (%s); see %s" % (
+    for attempt in (1, 2):  # a run that fails is run once more: a rare transient can end one
+        with open(log_path, "w") as log:
+            log.write("$ %s\n" % " ".join(shlex.quote(c) for c in command))
+            log.flush()
+            proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                    start_new_session=True)  # so a timeout can stop all of it
+            try:
+                code = wait_or_stop(proc, timeout)
+            except KeyboardInterrupt:
+                print("%s: interrupted: stopped %s's run (its log: %s)" % (who, example, log_path),
+                      file=sys.stderr, flush=True)
+                sys.exit(128 + signal.SIGINT)
+        if code == 0 and os.path.exists(metrics_path):
+            with open(metrics_path) as f:
+                return json.load(f)
+        failure = "%s: %s with %d worker(s)%s failed (%s); see %s" % (
             who, example, workers, "" if bandwidth is None else " at " + bandwidth,
-            "timed out after %.0f s" % timeout if code is None else "exit %d" % code, log_path))
-    with open(metrics_path) as f:
-        return json.load(f)
+            "timed out after %.0f s" % timeout if code is None else "exit %d" % code, log_path)
+        if attempt == 2:
+            sys.exit(failure)
+        os.replace(log_path, log_path[:-len(".log")] + "-failed.log")
+        print(failure.replace(log_path, log_path[:-len(".log")] + "-failed.log")
+              + "; running it once more", file=sys.stderr, flush=True)
+        shutil.rmtree(tensorboard, ignore_errors=True)
 
 
 def wait_or_stop(proc, timeout):
