@@ -18,10 +18,7 @@ The update rule (each step of worker k; no lock, no barrier)
 Run it
     bash run.sh                          # 1 ps + 2 workers on free localhost ports
     NUM_WORKERS=4 bash run.sh --steps 4000
-    By hand, one terminal per task (the same flags but the role), or with TF_CONFIG:
-      H="--ps_hosts h0:2222 --worker_hosts h1:2222,h2:2222"
-      python train.py --job_name ps --task_index 0 $H       # on h0
-      python train.py --job_name worker --task_index 0 $H   # on h1: the chief; h2: --task_index 1
+    By hand or with TF_CONFIG: as in ../Distributed-Setup.
 
 Use your own model: edit the sections marked "(replace with your own)", Data and Model.
 
