@@ -29,7 +29,7 @@ import time
 
 import readme  # benchmarks/readme.py: the figures reach the READMEs only through here
 import runs  # benchmarks/runs.py: how every benchmark runs an example and reads its metrics
-from runs import BASELINE, ROOT, TARGET, time_to_target
+from runs import BASELINE, ROOT, TARGET, line_style, time_to_target
 
 
 def median_or_none(values):
@@ -66,9 +66,10 @@ def plot_accuracy(path, runs):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(8, 5))
-    for example, repeats in runs.items():
+    for i, (example, repeats) in enumerate(runs.items()):
         history = repeats[0]["history"]
-        ax.plot([h[0] for h in history], [h[2] for h in history], marker=".", label=example)
+        ax.plot([h[0] for h in history], [h[2] for h in history], label=example, markersize=4,
+                **line_style(i))
     ax.axhline(TARGET, color="gray", linestyle=":", linewidth=1)
     ax.set_xlabel("wall time since the chief's session started (s)")
     ax.set_ylabel("test accuracy")
@@ -85,12 +86,12 @@ def plot_scaling(path, scaling, worker_counts):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
-    for example, by_workers in scaling.items():
+    for i, (example, by_workers) in enumerate(scaling.items()):
         counts = [w for w in worker_counts if w in by_workers]
-        left.plot(counts, [by_workers[w]["examples_per_sec"] for w in counts], marker="o",
-                  label=example)
-        right.plot(counts, [by_workers[w]["test_accuracy"] for w in counts], marker="o",
-                   label=example)
+        left.plot(counts, [by_workers[w]["examples_per_sec"] for w in counts], label=example,
+                  **line_style(i))
+        right.plot(counts, [by_workers[w]["test_accuracy"] for w in counts], label=example,
+                   **line_style(i))
     for ax, label in ((left, "examples/s (all workers)"), (right, "final test accuracy")):
         ax.set_xlabel("workers")
         ax.set_xticks(worker_counts)

@@ -191,6 +191,13 @@ def pyplot():
     return plt
 
 
+def line_style(i):
+    """The i-th example's line: matplotlib's ten colours, then the same colours dashed, and a
+    marker of its own, so twelve examples on one plot stay apart."""
+    return {"color": "C%d" % (i % 10), "linestyle": ("-", "--", "-.")[(i // 10) % 3],
+            "marker": "osD^vP<>Xh*p"[i % 12]}
+
+
 def one_line_error(message):
     """Bad input or a machine that cannot: one line, exit status 2 (as cluster.py does)."""
     print("error: " + message, file=sys.stderr, flush=True)
