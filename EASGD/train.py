@@ -49,14 +49,13 @@ EXAMPLE = "EASGD"
 
 
 def example_flags(parser):
-    # a round gives back alpha of what each worker gained since the last one: a longer local
-    # step than plain SGD's 0.1 makes up for it, as in ../AEASGD (see README.md)
+    # a round gives back alpha of each worker's gain: a longer step makes up for it (README.md)
     parser.set_defaults(learning_rate=0.2)
     parser.add_argument("--tau", type=int, default=8,
                         help="local mini-batch steps between two rounds")
-    parser.add_argument("--alpha", type=float, default=0.3,
-                        help="elastic moving rate (the paper's eta * rho); the centre moves by "
-                        "beta = workers * alpha of the way to the workers' mean, so at most 1/N")
+    parser.add_argument("--alpha", type=float, default=None,
+                        help="elastic moving rate (the paper's eta * rho), at most 1/N; the centre "
+                        "moves beta = N * alpha of the way to the mean (None: beta 0.6 for any N)")
     parser.add_argument("--backup_workers", type=int, default=0,
                         help="b: each round uses the first (workers - b) differences")
     parser.add_argument("--step_timeout", type=float, default=30,
@@ -240,6 +239,7 @@ def main(argv=None):
     if n < 1:
         fail("--backup_workers %d needs at least %d workers (have %d)" % (
             args.backup_workers, args.backup_workers + 1, len(cluster["worker"])))
+    args.alpha = 0.6 / n if args.alpha is None else args.alpha  # None: 0.3 with 2 workers
     if args.alpha * n > 1:
         fail("--alpha %g with %d workers per round moves the centre past their mean (beta = "
              "%g > 1): use at most %.3g" % (args.alpha, n, args.alpha * n, 1.0 / n))
@@ -280,9 +280,9 @@ def parse_flags(argv, example_flags, distributed=True):
     example_flags(p)
     args = p.parse_args(argv)
     for flag, value in vars(args).items():  # no number is negative; a count, a size or a time
-        if type(value) in (int, float) and (value < 0 or value == 0 and p.get_default(flag) >= 1):
-            fail("--%s must be %s, got %s" % (  # is not 0 either (rates and factors may be)
-                flag, "positive" if p.get_default(flag) >= 1 else "0 or more", value))
+        counted = (p.get_default(flag) or 0) >= 1  # is not 0 either (rates and factors may be)
+        if type(value) in (int, float) and (value < 0 or value == 0 and counted):
+            fail("--%s must be %s, got %s" % (flag, "positive" if counted else "0 or more", value))
     args.log_dir = args.log_dir or os.path.join(os.path.dirname(os.path.abspath(__file__)), "logs",
                                                 time.strftime("%Y%m%d-%H%M%S-") + str(os.getpid()))
     return args

@@ -89,6 +89,17 @@ def test_an_alpha_that_would_carry_the_centre_past_the_mean_is_rejected():
                                    "past their mean (beta = 1.2 > 1): use at most 0.5"]
 
 
+@pytest.mark.parametrize("workers,backups,alpha", [(2, 0, 0.3), (4, 0, 0.15), (3, 1, 0.3)])
+def test_the_default_alpha_keeps_beta_at_0_6_for_any_number_of_workers(workers, backups, alpha,
+                                                                         monkeypatch):
+    # the task itself is not started: main hands run_task the flags as they will train
+    monkeypatch.setattr(easgd, "run_task", lambda args, cluster, train: args.alpha)
+    hosts = ",".join("localhost:%d" % (2 + k) for k in range(workers))
+    got = easgd.main(["--job_name", "worker", "--ps_hosts", "localhost:1", "--worker_hosts", hosts,
+                      "--backup_workers", str(backups)])
+    assert got == pytest.approx(alpha)
+
+
 # --- End to end through run.sh --------------------------------------------------------------------
 def test_easgd_reaches_the_bar_in_rounds_of_tau_steps_of_every_worker(tmp_path_factory):
     # 2000 mini-batches, 2 workers x tau 8 a round
