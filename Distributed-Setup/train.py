@@ -193,8 +193,8 @@ def parse_flags(argv, example_flags, distributed=True):
     example_flags(p)
     args = p.parse_args(argv)
     for flag, value in vars(args).items():  # no number is negative; a count, a size or a time
-        counted = (p.get_default(flag) or 0) >= 1  # is not 0 either (rates and factors may be)
-        if type(value) in (int, float) and (value < 0 or value == 0 and counted):
+        counted = type(p.get_default(flag)) in (int, float) and p.get_default(flag) >= 1
+        if type(value) in (int, float) and (value < 0 or value == 0 and counted):  # is not 0 either
             fail("--%s must be %s, got %s" % (flag, "positive" if counted else "0 or more", value))
     args.log_dir = args.log_dir or os.path.join(os.path.dirname(os.path.abspath(__file__)), "logs",
                                                 time.strftime("%Y%m%d-%H%M%S-") + str(os.getpid()))

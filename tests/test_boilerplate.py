@@ -126,3 +126,21 @@ def test_train_py_imports_only_tensorflow_numpy_scikit_learn_and_the_standard_li
                 assert node.level == 0, "%s imports relatively" % example
                 imported.add(node.module.split(".")[0])
         assert imported <= ALLOWED_IMPORTS, (example, imported - ALLOWED_IMPORTS)
+
+
+@pytest.mark.parametrize("example", EXAMPLES)
+def test_every_flag_at_its_default_and_at_zero_parses_or_fails_in_one_line(example, capsys):
+    """The shared flag check runs over every flag of every example, whatever its type (a string,
+    a number, None): its defaults pass, and a 0 is accepted or refused with exit status 2."""
+    from conftest import load_train_module
+    module = load_train_module(example)
+    args = module.parse_flags([], module.example_flags, **(
+        {} if example in DISTRIBUTED_EXAMPLES else {"distributed": False}))
+    for flag, value in sorted(vars(args).items()):
+        if type(value) in (int, float):
+            try:
+                module.parse_flags(["--" + flag, "0"], module.example_flags, **(
+                    {} if example in DISTRIBUTED_EXAMPLES else {"distributed": False}))
+            except SystemExit as e:
+                assert e.code == 2, flag
+                assert capsys.readouterr().err.startswith("error: --%s must be" % flag), flag
