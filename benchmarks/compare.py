@@ -87,7 +87,7 @@ def plot_scaling(path, scaling, worker_counts):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.5))
     for i, (example, by_workers) in enumerate(scaling.items()):
         counts = [w for w in worker_counts if w in by_workers]
         left.plot(counts, [by_workers[w]["examples_per_sec"] for w in counts], label=example,
@@ -99,7 +99,7 @@ def plot_scaling(path, scaling, worker_counts):
         ax.set_xticks(worker_counts)
         ax.set_ylabel(label)
     right.axhline(TARGET, color="gray", linestyle=":", linewidth=1)
-    left.legend(fontsize="small")
+    right.legend(fontsize="small", loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.suptitle("Scaling with the number of workers (1 ps; workers share the CPU cores)")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
