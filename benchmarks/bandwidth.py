@@ -157,27 +157,11 @@ def plot_bandwidth(path, results, baseline, rates):
 
 
 def plot_accuracy(path, results, baseline, rate):
-    plt = runs.pyplot()
-    fig, ax = plt.subplots(figsize=(11, 5.5))
     label, bits = rate
-    for i, (example, by_rate) in enumerate(results.items()):
-        history = by_rate[label]["history"]
-        ax.plot([h[0] for h in history], [h[2] for h in history], label=example, markersize=4,
-                **runs.line_style(i))
-    history = baseline["history"]
-    ax.plot([h[0] for h in history], [h[2] for h in history], color="gray", linestyle=":",
-            linewidth=2.5, label="%s (one process, no network)" % BASELINE)
-    ax.axhline(TARGET, color="gray", linestyle=":", linewidth=1)
-    ax.set_xscale("log")  # from under a second to a minute: the fast ones would overlap
-    ax.xaxis.set_major_formatter(plt.FuncFormatter(lambda x, _: "%g" % x))
-    ax.set_xlabel("wall time since the chief's session started (s, log scale)")
-    ax.set_ylabel("test accuracy")
-    ax.set_ylim(0.8, 1.0)  # the bar and the ground just below it; earlier points are clipped
-    ax.set_title("Test accuracy against wall time, every link at %s" % cluster.format_rate(bits))
-    ax.legend(fontsize="small", loc="center left", bbox_to_anchor=(1.01, 0.5))
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    runs.plot_accuracy_against_time(
+        path, [(example, by_rate[label]["history"]) for example, by_rate in results.items()],
+        "Test accuracy against wall time, every link at %s" % cluster.format_rate(bits),
+        reference=("%s (one process, no network)" % BASELINE, baseline["history"]))
 
 
 def parser(prog):

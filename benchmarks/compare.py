@@ -61,32 +61,14 @@ def write_table(path, runs, args):
     return "\n".join(lines)
 
 
-def plot_accuracy(path, runs):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(11, 5.5))
-    for i, (example, repeats) in enumerate(runs.items()):
-        history = repeats[0]["history"]
-        ax.plot([h[0] for h in history], [h[2] for h in history], label=example, markersize=4,
-                **line_style(i))
-    ax.axhline(TARGET, color="gray", linestyle=":", linewidth=1)
-    ax.set_xscale("log")  # the fast examples would overlap on a linear axis
-    ax.xaxis.set_major_formatter(plt.FuncFormatter(lambda x, _: "%g" % x))
-    ax.set_xlabel("wall time since the chief's session started (s, log scale)")
-    ax.set_ylabel("test accuracy")
-    ax.set_ylim(0.8, 1.0)  # the bar and the ground just below it; earlier points are clipped
-    ax.set_title("Test accuracy against wall time (same model, batch size and budget)")
-    ax.legend(fontsize="small", loc="center left", bbox_to_anchor=(1.01, 0.5))
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+def plot_accuracy(path, results):
+    runs.plot_accuracy_against_time(
+        path, [(example, repeats[0]["history"]) for example, repeats in results.items()],
+        "Test accuracy against wall time (same model, batch size and budget)")
 
 
 def plot_scaling(path, scaling, worker_counts):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = runs.pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.5))
     for i, (example, by_workers) in enumerate(scaling.items()):
         counts = [w for w in worker_counts if w in by_workers]

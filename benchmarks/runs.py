@@ -116,9 +116,10 @@ def run_example(example, workers, args, tag, train_args=(), bandwidth=None, who=
             "timed out after %.0f s" % timeout if code is None else "exit %d" % code, log_path)
         if attempt == 2:
             sys.exit(failure)
-        os.replace(log_path, log_path[:-len(".log")] + "-failed.log")
-        print(failure.replace(log_path, log_path[:-len(".log")] + "-failed.log")
-              + "; running it once more", file=sys.stderr, flush=True)
+        failed_log = log_path[:-len(".log")] + "-failed.log"
+        os.replace(log_path, failed_log)
+        print(failure.replace(log_path, failed_log) + "; running it once more", file=sys.stderr,
+              flush=True)
         shutil.rmtree(tensorboard, ignore_errors=True)
 
 
@@ -196,6 +197,31 @@ def line_style(i):
     marker of its own, so twelve examples on one plot stay apart."""
     return {"color": "C%d" % (i % 10), "linestyle": ("-", "--", "-.")[(i // 10) % 3],
             "marker": "osD^vP<>Xh*p"[i % 12]}
+
+
+def plot_accuracy_against_time(path, histories, title, reference=None):
+    """Test accuracy against wall time, one line per (label, history) in histories (a history:
+    [seconds, global step, accuracy] rows), and reference, one more such pair, drawn in grey."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(11, 5.5))
+    for i, (label, history) in enumerate(histories):
+        ax.plot([h[0] for h in history], [h[2] for h in history], label=label, markersize=4,
+                **line_style(i))
+    if reference:
+        label, history = reference
+        ax.plot([h[0] for h in history], [h[2] for h in history], color="gray", linestyle=":",
+                linewidth=2.5, label=label)
+    ax.axhline(TARGET, color="gray", linestyle=":", linewidth=1)
+    ax.set_xscale("log")  # from under a second to a minute: the fast ones would overlap
+    ax.xaxis.set_major_formatter(plt.FuncFormatter(lambda x, _: "%g" % x))
+    ax.set_xlabel("wall time since the chief's session started (s, log scale)")
+    ax.set_ylabel("test accuracy")
+    ax.set_ylim(0.8, 1.0)  # the bar and the ground just below it; earlier points are clipped
+    ax.set_title(title)
+    ax.legend(fontsize="small", loc="center left", bbox_to_anchor=(1.01, 0.5))
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def one_line_error(message):
