@@ -134,13 +134,12 @@ def test_every_flag_at_its_default_and_at_zero_parses_or_fails_in_one_line(examp
     a number, None): its defaults pass, and a 0 is accepted or refused with exit status 2."""
     from conftest import load_train_module
     module = load_train_module(example)
-    args = module.parse_flags([], module.example_flags, **(
-        {} if example in DISTRIBUTED_EXAMPLES else {"distributed": False}))
-    for flag, value in sorted(vars(args).items()):
+    parse = lambda argv: module.parse_flags(argv, module.example_flags,
+                                            distributed=example in DISTRIBUTED_EXAMPLES)
+    for flag, value in sorted(vars(parse([])).items()):
         if type(value) in (int, float):
             try:
-                module.parse_flags(["--" + flag, "0"], module.example_flags, **(
-                    {} if example in DISTRIBUTED_EXAMPLES else {"distributed": False}))
+                parse(["--" + flag, "0"])
             except SystemExit as e:
                 assert e.code == 2, flag
                 assert capsys.readouterr().err.startswith("error: --%s must be" % flag), flag

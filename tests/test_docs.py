@@ -1,6 +1,7 @@
 """The READMEs' links: every relative link names a file that exists, and every #anchor a
 heading of that file (as GitHub spells anchors: lower case, punctuation dropped, spaces to
 hyphens). A renamed folder or heading otherwise leaves a dead link that no run notices."""
+import functools
 import glob
 import os
 import re
@@ -18,6 +19,7 @@ def anchor(heading):
     return text.replace(" ", "-")
 
 
+@functools.lru_cache(maxsize=None)  # a README links to the same file many times
 def anchors_of(path):
     with open(path) as f:
         return {anchor(line.lstrip("#")) for line in f if re.match(r"#{1,6} ", line)}
