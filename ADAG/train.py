@@ -91,8 +91,7 @@ def training_batches(data, batch_size, worker_index, num_workers, seed):
     shard of the training set (no two workers share an example), reshuffled every epoch."""
     ds = tf.data.Dataset.from_tensor_slices((data.x_train, data.y_train))
     ds = ds.shard(num_workers, worker_index)
-    ds = ds.shuffle(len(data.x_train) // num_workers + 1, seed=seed * 1000 + worker_index,
-                    reshuffle_each_iteration=True)
+    ds = ds.shuffle(len(data.x_train) // num_workers + 1, seed=seed * 1000 + worker_index)
     ds = ds.repeat().batch(batch_size, drop_remainder=True)
     ds = ds.map(lambda x, y: (scale(x, data.pixel_max), y)).prefetch(2)
     return tf.compat.v1.data.make_one_shot_iterator(ds).get_next()
@@ -105,12 +104,10 @@ def model_params(num_features, hidden, seed, num_classes=10):
     """The MLP's variables, created under the current device scope (the ps, in the examples)."""
     glorot = lambda i: tf.compat.v1.glorot_uniform_initializer(seed=seed * 10 + i)
     zeros = tf.compat.v1.zeros_initializer()
-    return collections.OrderedDict([
-        ("w1", tf.compat.v1.get_variable("w1", [num_features, hidden], initializer=glorot(1))),
-        ("b1", tf.compat.v1.get_variable("b1", [hidden], initializer=zeros)),
-        ("w2", tf.compat.v1.get_variable("w2", [hidden, num_classes], initializer=glorot(2))),
-        ("b2", tf.compat.v1.get_variable("b2", [num_classes], initializer=zeros)),
-    ])
+    return {"w1": tf.compat.v1.get_variable("w1", [num_features, hidden], initializer=glorot(1)),
+            "b1": tf.compat.v1.get_variable("b1", [hidden], initializer=zeros),
+            "w2": tf.compat.v1.get_variable("w2", [hidden, num_classes], initializer=glorot(2)),
+            "b2": tf.compat.v1.get_variable("b2", [num_classes], initializer=zeros)}
 
 
 def model_loss_and_accuracy(params, x, y):
@@ -184,11 +181,9 @@ def build_adag(args, cluster, x, y):
 def worker_variables(prefix, like, initial_value):
     """One variable on this worker per parameter in like, named prefix_<name>. LOCAL_VARIABLES:
     each worker initialises its own, and checkpoints leave them out."""
-    return collections.OrderedDict(
-        (name, tf.compat.v1.Variable(initial_value(param), trainable=False,
-                                     name="%s_%s" % (prefix, name),
-                                     collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES]))
-        for name, param in like.items())
+    return {n: tf.compat.v1.Variable(initial_value(p), trainable=False, name=prefix + "_" + n,
+                                     collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES])
+            for n, p in like.items()}
 # <<< shared: worker variables
 
 
@@ -196,16 +191,16 @@ def worker_variables(prefix, like, initial_value):
 def count_staleness(log, update, pulled_at=None):
     """update (its value: the global step it made), also adding up on the ps how many updates of
     others landed since this worker pulled: at the global step pulled_at (read in the same step),
-    or else at its previous update. It costs no traffic; the summary reports the mean."""
+    or else at its previous update. It costs no traffic. Returns the update and the sum."""
     with tf.compat.v1.device("/job:worker/task:%d" % log.args.task_index):
         last_update = tf.compat.v1.Variable(log.global_step.read_value(), trainable=False,
                                             collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES])
     with tf.compat.v1.device(log.global_step.device):
-        log.staleness_sum = tf.compat.v1.Variable(np.int64(0), trainable=False, name="staleness")
-        counted = log.staleness_sum.assign_add(update - 1 - (
+        staleness_sum = tf.compat.v1.Variable(np.int64(0), trainable=False, name="staleness")
+        counted = staleness_sum.assign_add(update - 1 - (
             last_update if pulled_at is None else pulled_at))
     with tf.compat.v1.control_dependencies([counted]):
-        return last_update.assign(update)
+        return last_update.assign(update), staleness_sum
 # <<< shared: staleness
 
 
@@ -216,13 +211,14 @@ def train(args, cluster, server):
                             args.seed)  # no device given: the pipeline runs on this worker
     adag = build_adag(args, cluster, x, y)
     log = TrainingLog(args, cluster, adag.global_params, data, steps_per_update=args.window)
-    push_and_pull = count_staleness(log, adag.push_and_pull)
+    push_and_pull, staleness = count_staleness(log, adag.push_and_pull)
     session = log.start(server)
     while log.step < -(-args.steps // args.window):  # the global step counts pushes
         for _ in range(args.window):  # on this worker alone: no network traffic
             loss = session.run(adag.local_step)
         log.after_update(session, loss, session.run(push_and_pull))
-    return log.end(session, minibatches_per_update=args.window, window=args.window)
+    return log.end(session, minibatches_per_update=args.window, window=args.window,
+                   mean_staleness=lambda s: session.run(staleness) / max(s["global_step"], 1))
 
 
 def main(argv=None):
@@ -273,7 +269,7 @@ def parse_flags(argv, example_flags, distributed=True):
 # <<< shared: flags
 
 
-# >>> shared: cluster
+# >>> shared: cluster and session
 def resolve_cluster(args):
     """The cluster from the flags, or else from TF_CONFIG as operators write it: a "chief" or
     "master" becomes worker 0, an "evaluator" has nothing to do. Sets job_name and task_index."""
@@ -296,11 +292,10 @@ def resolve_cluster(args):
             fail("TF_CONFIG is not valid cluster JSON (%s: %s)" % (type(e).__name__, e))
         if job == "evaluator":
             sys.exit(print("[evaluator] nothing to do: the chief evaluates", flush=True))
-    for name, hosts in cluster.items():
-        for host, port in (str(h).rpartition(":")[::2] for h in hosts):
-            if not host or not port.isdigit() or not 0 < int(port) < 65536:
-                fail("%s hosts: %r is not host:port (for example localhost:2222)"
-                     % (name, host + ":" * bool(host) + port))
+    for name, address in ((name, str(a)) for name, hosts in cluster.items() for a in hosts):
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            fail("%s hosts: %r is not host:port (for example localhost:2222)" % (name, address))
     if job not in ("ps", "worker"):
         fail("unknown job name %r: use ps or worker" % job)
     if not 0 <= index < len(cluster[job]):
@@ -315,24 +310,37 @@ def run_task(args, cluster, train):
     global tf
     job, index, address = args.job_name, args.task_index, cluster[args.job_name][args.task_index]
     if is_listening(address):  # a port in use fails here, in one line, rather than in gRPC
-        fail("%s %d: port %s is already in use: is an earlier run still going?"
-             % (job, index, address))
+        fail("%s %d: port %s is already in use: by an earlier run?" % (job, index, address))
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before the import: no C++ info lines
     import tensorflow as tf
     tf.compat.v1.disable_eager_execution()
     tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)
     server = tf.compat.v1.train.Server(  # one thread per op leaves the cores to the others
-        tf.compat.v1.train.ClusterSpec(cluster), job_name=job, task_index=index,
-        config=tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1), start=True)
+        cluster, job_name=job, task_index=index,
+        config=tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1))
     try:
         if job == "ps":
             return serve(index, cluster, time.time() + args.connect_timeout)
         if not wait_for(lambda: all(map(is_listening, cluster["ps"])), args.connect_timeout):
-            fail("cannot reach the ps at %s after %.0f s: is it running? (check the hosts)"
-                 % (",".join(cluster["ps"]), args.connect_timeout))
+            fail("cannot reach the ps at %s: is it running?" % ",".join(cluster["ps"]))
         return train(args, cluster, server)
     except tf.errors.OpError as e:
         fail("%s %d stopped: %s: %s" % (job, index, type(e).__name__, cause(e)))
+
+
+def serve(index, cluster, deadline):
+    """TensorFlow's servers never stop by themselves: a ps serves until every worker's port has
+    opened and closed again (or not opened by the deadline). The chief closes last."""
+    workers, address, seen = cluster["worker"], cluster["ps"][index], set()
+    print("[ps%d] serving %d worker(s) at %s" % (index, len(workers), address), flush=True)
+
+    def all_gone():
+        listening = {w for w in workers if is_listening(w)}
+        seen.update(listening)
+        return not listening and (len(seen) == len(workers) or time.time() > deadline)
+    wait_for(all_gone)
+    print("[ps%d] all %d worker(s) gone; shutting down" % (index, len(workers)), flush=True)
+    return 0
 
 
 def cause(error):
@@ -343,8 +351,7 @@ def cause(error):
 
 def is_listening(address):
     try:
-        socket.create_connection(address.rsplit(":", 1), timeout=1).close()
-        return True
+        return socket.create_connection(address.rsplit(":", 1), timeout=1).close() or True
     except OSError:
         return False
 
@@ -352,40 +359,16 @@ def is_listening(address):
 def wait_for(condition, seconds=float("inf")):
     """Whether condition() came true within seconds (it is checked four times a second)."""
     deadline = time.time() + seconds
-    while not condition():
-        if time.time() > deadline:
-            return False
+    while not condition() and time.time() < deadline:
         time.sleep(0.25)  # the pace of the checks
-    return True
-# <<< shared: cluster
+    return condition()
 
 
-# >>> shared: shutdown
-# TensorFlow's servers never stop by themselves. A ps serves until every worker's port has opened
-# and closed again (or not opened by the deadline); the chief closes last, after its final
-# checkpoint. Each worker has an entry in a record on ps 0, TRAINING and then its local steps as
-# it leaves: the chief waits for them all, and counts as lost who closed its port without one.
-NOT_ARRIVED, TRAINING = -1, -2
-
-
-def serve(index, cluster, deadline):
-    workers, seen = cluster["worker"], set()
-    print("[ps%d] serving %d worker(s) at %s" % (index, len(workers), cluster["ps"][index]),
-          flush=True)
-
-    def all_gone():
-        listening = {w for w in workers if is_listening(w)}
-        seen.update(listening)
-        return not listening and (len(seen) == len(workers) or time.time() > deadline)
-    wait_for(all_gone)
-    print("[ps%d] all %d worker(s) gone; shutting down" % (index, len(workers)), flush=True)
-    return 0
-# <<< shared: shutdown
-
-
-# >>> shared: training log
 class TrainingLog(object):
-    """A worker's session, progress lines and end; the chief's evaluations and summary."""
+    """A worker's session, progress lines and end; the chief's checkpoints, evaluations and
+    summary. Each worker writes TRAINING, then its local steps as it leaves, in a record on ps 0:
+    the chief waits for them all, and counts as lost whoever closed its port without writing."""
+    NOT_ARRIVED, TRAINING = -1, -2
 
     def __init__(self, args, cluster, params, data, steps_per_update=1):
         self.args, self.cluster, self.steps_per_update = args, cluster, steps_per_update
@@ -394,21 +377,18 @@ class TrainingLog(object):
             self.test_accuracy = model_loss_and_accuracy(
                 params, scale(data.x_test, data.pixel_max), data.y_test)[1]
         with tf.compat.v1.device("/job:ps/task:0"):  # the chief sets it up; never checkpointed
-            self.record = tf.compat.v1.Variable(tf.fill([len(cluster["worker"])], np.int64(
-                NOT_ARRIVED)), collections=[], name="departures")
-        self.entry = tf.compat.v1.placeholder(tf.int64, [])
-        self.write_entry = tf.compat.v1.scatter_update(self.record, [args.task_index],
-                                                       self.entry[None])
-        self.global_step, self.staleness_sum = tf.compat.v1.train.get_or_create_global_step(), None
+            self.record = tf.compat.v1.Variable(np.full(len(cluster["worker"]), self.NOT_ARRIVED),
+                                                collections=[], name="departures", dtype=tf.int64)
+        self.entry = tf.compat.v1.placeholder(tf.int64, [1])
+        self.write_entry = tf.compat.v1.scatter_update(self.record, [args.task_index], self.entry)
+        self.global_step = tf.compat.v1.train.get_or_create_global_step()
         self.local_steps, self.history, self.saved = 0, [], 0  # saved: last checkpoint's time
 
     def start(self, server):
-        """The session: the chief restores the last checkpoint in --log_dir or initialises the
-        variables, the others wait until it has; then each initialises its own (local) ones."""
-        args = self.args
+        """The session, once the chief has restored (from --log_dir) or initialised the ps."""
+        args, checkpoint = self.args, tf.train.latest_checkpoint(self.args.log_dir)
         self.saver = tf.compat.v1.train.Saver()  # the global variables, all made by now
         local_init = tf.compat.v1.local_variables_initializer()
-        # the chief initialises the global variables; the others wait until none is uninitialised
         init = (tf.compat.v1.global_variables_initializer() if self.is_chief else
                 tf.compat.v1.report_uninitialized_variables(tf.compat.v1.global_variables()))
         tf.compat.v1.get_default_graph().finalize()  # a loop that adds ops would grow forever
@@ -419,16 +399,16 @@ class TrainingLog(object):
             print("[worker0] chief: log_dir=%s" % args.log_dir, flush=True)
             self.writer = tf.compat.v1.summary.FileWriter(args.log_dir, session.graph)
             session.run(self.record.initializer)
-            if tf.train.latest_checkpoint(args.log_dir):
-                self.saver.restore(session, tf.train.latest_checkpoint(args.log_dir))
+            if checkpoint:
+                self.saver.restore(session, checkpoint)
                 print("[worker0] resuming from the checkpoint at global step %d"
                       % session.run(self.global_step), flush=True)
             else:
                 session.run(init)
         elif not wait_for(lambda: not len(session.run(init)), args.connect_timeout):
-            fail("worker%d: the chief has not set the variables up after %g s"
-                 % (args.task_index, args.connect_timeout))
-        session.run([local_init, self.write_entry], {self.entry: TRAINING})
+            fail("%s: the chief has not set the variables up after %g s"
+                 % (self.role, args.connect_timeout))
+        session.run([local_init, self.write_entry], {self.entry: [self.TRAINING]})
         self.step = self.start_step = int(session.run(self.global_step))
         self.started = time.time()
         self.clock = (0, self.started, self.step)  # local steps, time and global step at start
@@ -450,8 +430,7 @@ class TrainingLog(object):
             self.clock = (self.local_steps, time.time(), self.step)
 
     def evaluate(self, session, global_step, last=False, **summaries):
-        """The chief's test accuracy (to TensorBoard too, with summaries), after a checkpoint:
-        at the first evaluation, then at most every 30 s, and at the last."""
+        """The chief's test accuracy, also to TensorBoard, after a checkpoint (one per 30 s)."""
         if last or time.time() > self.saved + 30:
             self.saver.save(session, os.path.join(self.args.log_dir, "model.ckpt"), global_step)
             self.saved = time.time()
@@ -463,27 +442,22 @@ class TrainingLog(object):
         return accuracy
 
     def end(self, session, minibatches_per_update=1, **extra):
-        """Each worker leaves its local steps in the record; the chief waits for the others (or
-        counts them lost), evaluates and prints the summary (extra: values or functions of it)."""
+        """Leave; the chief waits for the others and reports (extra: values, or functions of it)."""
         seconds = time.time() - self.clock[1]
-        session.run(self.write_entry, {self.entry: self.local_steps})
+        session.run(self.write_entry, {self.entry: [self.local_steps]})
         if self.is_chief:
-            record = lambda: session.run(self.record)
-            workers, deadline = self.cluster["worker"], self.started + self.args.connect_timeout
+            record, workers = lambda: session.run(self.record), self.cluster["worker"]
+            deadline = self.started + self.args.connect_timeout
             wait_for(lambda: not [w for w, entry in enumerate(record()) if entry < 0 and (
-                is_listening(workers[w]) or entry == NOT_ARRIVED and time.time() < deadline)])
-            left = record()  # once more: one may have written, then closed its port, meanwhile
-            lost = [w for w, steps in enumerate(left) if steps < 0]
+                is_listening(workers[w]) or entry == self.NOT_ARRIVED and time.time() < deadline)])
+            left = [int(n) for n in record()]  # again: one may have written, then left, meanwhile
+            lost = [w for w, n in enumerate(left) if n < 0]
             step = int(session.run(self.global_step))
-            summary = dict(
-                example=EXAMPLE, test_accuracy=self.evaluate(session, step, last=True),
-                global_step=step, workers=len(left), ps=len(self.cluster["ps"]),
-                lost_workers=len(lost), local_steps=[int(s) for s in left],
-                updates=step - self.start_step,
-                steps_per_sec=(step - self.clock[2]) * minibatches_per_update / seconds)
-            summary["examples_per_sec"] = summary["steps_per_sec"] * self.args.batch_size
-            if self.staleness_sum is not None:  # see count_staleness
-                summary["mean_staleness"] = session.run(self.staleness_sum) / max(step, 1)
+            rate = (step - self.clock[2]) * minibatches_per_update / seconds
+            summary = dict(example=EXAMPLE, test_accuracy=self.evaluate(session, step, last=True),
+                           global_step=step, workers=len(left), ps=len(self.cluster["ps"]),
+                           lost_workers=len(lost), local_steps=left, updates=step - self.start_step,
+                           steps_per_sec=rate, examples_per_sec=rate * self.args.batch_size)
             summary.update((k, v(summary) if callable(v) else v) for k, v in extra.items())
             if lost:
                 print("[worker0] worker(s) %s failed or were lost" % ",".join(map(str, lost)))
@@ -497,7 +471,7 @@ class TrainingLog(object):
         session.close()
         print("[%s] done: local_steps=%d" % (self.role, self.local_steps), flush=True)
         return 0
-# <<< shared: training log
+# <<< shared: cluster and session
 
 
 if __name__ == "__main__":

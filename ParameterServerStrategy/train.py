@@ -90,8 +90,7 @@ def training_batches(data, batch_size, worker_index, num_workers, seed):
     shard of the training set (no two workers share an example), reshuffled every epoch."""
     ds = tf.data.Dataset.from_tensor_slices((data.x_train, data.y_train))
     ds = ds.shard(num_workers, worker_index)
-    ds = ds.shuffle(len(data.x_train) // num_workers + 1, seed=seed * 1000 + worker_index,
-                    reshuffle_each_iteration=True)
+    ds = ds.shuffle(len(data.x_train) // num_workers + 1, seed=seed * 1000 + worker_index)
     ds = ds.repeat().batch(batch_size, drop_remainder=True)
     ds = ds.map(lambda x, y: (scale(x, data.pixel_max), y)).prefetch(2)
     return tf.compat.v1.data.make_one_shot_iterator(ds).get_next()
@@ -104,12 +103,10 @@ def model_params(num_features, hidden, seed, num_classes=10):
     """The MLP's variables, created under the current device scope (the ps, in the examples)."""
     glorot = lambda i: tf.compat.v1.glorot_uniform_initializer(seed=seed * 10 + i)
     zeros = tf.compat.v1.zeros_initializer()
-    return collections.OrderedDict([
-        ("w1", tf.compat.v1.get_variable("w1", [num_features, hidden], initializer=glorot(1))),
-        ("b1", tf.compat.v1.get_variable("b1", [hidden], initializer=zeros)),
-        ("w2", tf.compat.v1.get_variable("w2", [hidden, num_classes], initializer=glorot(2))),
-        ("b2", tf.compat.v1.get_variable("b2", [num_classes], initializer=zeros)),
-    ])
+    return {"w1": tf.compat.v1.get_variable("w1", [num_features, hidden], initializer=glorot(1)),
+            "b1": tf.compat.v1.get_variable("b1", [hidden], initializer=zeros),
+            "w2": tf.compat.v1.get_variable("w2", [hidden, num_classes], initializer=glorot(2)),
+            "b2": tf.compat.v1.get_variable("b2", [num_classes], initializer=zeros)}
 
 
 def model_loss_and_accuracy(params, x, y):

@@ -10,7 +10,7 @@ from conftest import DISTRIBUTED_EXAMPLES, EXAMPLES, example_dir
 
 BLOCK = re.compile(r"^# >>> shared: (.+?)\n(.*?)^# <<< shared: \1$", re.S | re.M)
 EVERY_TRAIN_PY = {"flags", "data", "model"}
-DISTRIBUTED_TRAIN_PY = EVERY_TRAIN_PY | {"cluster", "shutdown", "training log"}
+DISTRIBUTED_TRAIN_PY = EVERY_TRAIN_PY | {"cluster and session"}
 ALLOWED_IMPORTS = {"argparse", "collections", "json", "os", "shutil", "socket", "sys", "tempfile",
                    "threading", "time",
                    "numpy", "tensorflow", "sklearn"}
