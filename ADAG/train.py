@@ -1,35 +1,29 @@
 """ADAG (AGN): workers push their accumulated parameter change divided by the window.
 
 What it teaches
-    A fix for what goes wrong when DOWNPOUR's window grows. A worker trains its own copy of the
-    parameters (local_params) for a window of mini-batches, as in DOWNPOUR, but it pushes the
-    change it made divided by the window: the mean of its local updates, which the ps simply
-    adds to global_params (no optimizer, no learning rate). Undivided, every push would be
-    window times as large, and several workers pushing such large, stale updates diverge; so a
-    push is the size of one SGD step along a direction averaged over the window. The price: a
-    worker's progress beyond that mean is dropped at the next pull. dist-keras calls it ADAG.
+    A fix for DOWNPOUR's long windows. A worker trains its own copy (local_params) for a window
+    of mini-batches, then pushes its change divided by the window, which the ps adds: one SGD
+    step along the window's mean direction (window times as much, from stale workers, diverges).
+    The price: progress beyond that mean is dropped at the next pull.
 
 The update rule (worker k; the global step counts pushes)
-    local_params <- global_params                              # pulled when the worker starts
+    local_params, pulled_params <- global_params               # when the worker starts
     repeat:
-        pulled_params <- local_params                          # where this window starts
         window times:                                          # on the worker, no network
             g <- grad L(local_params; next mini-batch of k)
             local_params <- local_params - learning_rate * g
-        push: global_params <- global_params + (local_params - pulled_params) / window
-              global_step   <- global_step + 1                 # on the ps: a plain add
-        pull: local_params  <- global_params
+        push: global_params += (local_params - pulled_params) / window;  global_step += 1
+        pull: local_params, pulled_params <- global_params     # the push: a plain add on the ps
 
 Run it
     bash run.sh                          # 1 ps + 2 workers on free localhost ports
     NUM_WORKERS=4 bash run.sh --window 20 --learning_rate 0.5
-    By hand or with TF_CONFIG: as in ../Distributed-Setup. --steps counts the mini-batches of
-    all workers, as in every example: training stops once the global step reaches steps/window.
+    By hand or with TF_CONFIG: as in ../Distributed-Setup. Training stops at steps / window.
 
 Use your own model: edit the sections marked "(replace with your own)", Data and Model.
 
 References
-    J. Hermans, G. Spanakis, R. Wiggers, "Accumulated Gradient Normalization", ACML 2017,
+    J. Hermans, G. Spanakis, R. Wiggers, "Accumulated Gradient Normalization" (AGN), ACML 2017,
     arXiv:1710.02368; dist-keras (github.com/cerndb/dist-keras), class ADAG.
 """
 import argparse
@@ -47,9 +41,7 @@ EXAMPLE = "ADAG"
 
 
 def example_flags(parser):
-    # A push moves the ps by the mean of the window's local updates, about one SGD step for
-    # window mini-batches: a larger local learning rate than plain SGD's 0.1 makes up for it.
-    parser.set_defaults(learning_rate=0.5)
+    parser.set_defaults(learning_rate=0.5)  # a push is one SGD step per window: a larger rate
     parser.add_argument("--window", type=int, default=5,
                         help="local mini-batch steps between two pushes; a push is divided by it")
 
@@ -60,9 +52,8 @@ Dataset = collections.namedtuple("Dataset", "x_train y_train x_test y_test pixel
 
 
 def load_dataset(data_path=""):
-    """Images as flat integer pixels, and integer labels, for training and for the test: by
-    default scikit-learn's 1797 handwritten 8x8 digits (offline; a fixed fifth is the test set),
-    or the arrays x_train, y_train, x_test, y_test of the .npz at data_path (as in mnist.npz)."""
+    """Flat integer pixels and integer labels, to train and to test: by default scikit-learn's
+    1797 handwritten 8x8 digits (offline; a fixed fifth to test), or the arrays of mnist.npz."""
     if data_path:
         try:
             with np.load(data_path) as f:
@@ -125,54 +116,35 @@ Adag = collections.namedtuple("Adag", "global_params local_params pulled_params 
 
 
 def build_adag(args, cluster, x, y):
-    """ADAG's ops for this worker, on the mini-batch stream (x, y).
-
-    local_step     one SGD step on local_params with the next mini-batch. Runs on this worker.
-    push           global_params += (local_params - pulled_params) / window on the ps, counted
-                   in global_step (its value).
-    pull           local_params <- global_params and pulled_params <- global_params.
-    push_and_pull  both, in that order, in one session run; its value is the global step.
-    """
+    """ADAG's ops on the mini-batch stream (x, y), as in the update rule: local_step, push (its
+    value: the global step), pull, and push_and_pull (both in one session run)."""
     worker = "/job:worker/task:%d" % args.task_index
     with tf.compat.v1.device(tf.compat.v1.train.replica_device_setter(
-            cluster=tf.compat.v1.train.ClusterSpec(cluster), worker_device=worker)):
+            cluster=cluster, worker_device=worker)):
         global_step = tf.compat.v1.train.get_or_create_global_step()
         global_params = model_params(int(x.shape[1]), args.hidden, args.seed)
     with tf.compat.v1.device(worker):
-        # The initial values are read from the ps once the chief has initialised it (the
-        # session waits for that: TrainingLog.start); one read serves both copies, so that the
-        # first window starts with local = pulled even if another worker pushes meanwhile.
-        start = collections.OrderedDict((n, p.read_value()) for n, p in global_params.items())
-        local_params = worker_variables("local", start, lambda value: value)
-        pulled_params = worker_variables("pulled", start, lambda value: value)
+        # one read of the ps for both copies: local = pulled even if another worker pushes
+        start = {name: theta.read_value() for name, theta in global_params.items()}
+        local_params, pulled_params = (worker_variables(copy, start, lambda value: value)
+                                       for copy in ("local", "pulled"))
         loss = model_loss_and_accuracy(local_params, x, y)[0]
         gradients = tf.gradients(loss, list(local_params.values()))
         with tf.control_dependencies([p.assign_sub(args.learning_rate * g, read_value=False)
                                       for p, g in zip(local_params.values(), gradients)]):
             local_step = tf.identity(loss, name="local_step")
-        # accumulated gradient normalisation: the mean of the window's local updates
-        normalised_change = [(local.read_value() - pulled.read_value()) / float(args.window)
-                             for local, pulled in zip(local_params.values(),
-                                                      pulled_params.values())]
-
-    # the ps adds the change as it comes: no optimizer, no learning rate, no lock beyond the
-    # variable's own (assign_add is atomic per variable)
+        normalised_change = [(local_params[n] - pulled_params[n]) / args.window for n in start]
     with tf.control_dependencies([theta.assign_add(change, read_value=False) for theta, change
                                   in zip(global_params.values(), normalised_change)]):
         push = global_step.assign_add(1)
 
     def copy_global_to_local():  # one read per parameter, so local and pulled are the same
-        copies = []
-        for name, theta in global_params.items():
-            value = theta.read_value()
-            copies += [local_params[name].assign(value, read_value=False),
-                       pulled_params[name].assign(value, read_value=False)]
-        return tf.group(*copies)
+        values = {name: theta.read_value() for name, theta in global_params.items()}
+        return tf.group(*[copy[n].assign(values[n], read_value=False)
+                          for copy in (local_params, pulled_params) for n in values])
     pull = copy_global_to_local()
-    with tf.control_dependencies([push]):
-        pulled = copy_global_to_local()
-    with tf.control_dependencies([pulled]):
-        push_and_pull = tf.identity(push)
+    with tf.control_dependencies([push]), tf.control_dependencies([copy_global_to_local()]):
+        push_and_pull = tf.identity(push)  # the second copy is built after the push: it waits
     return Adag(global_params, local_params, pulled_params, global_step, loss, local_step, push,
                 pull, push_and_pull)
 

@@ -1,35 +1,17 @@
 """DOWNPOUR: workers train local copies and push accumulated gradients to an Adagrad ps.
 
-What it teaches
-    How to talk to the parameter server less often. Each worker trains its own copy of the
-    parameters (local_params) for a window of mini-batches with no network traffic, adding up
-    its gradients; then it pushes the sum to the ps, where Adagrad applies it to global_params,
-    and pulls the result. Adagrad on the ps is what Dean et al. found to keep many asynchronous
-    replicas stable: each parameter's step shrinks with the gradients it has already had.
+What it teaches: talking to the parameter server less often. Each worker trains its own copy of
+the parameters for a window of mini-batches with no network traffic, then pushes the sum of its
+gradients and pulls the result. Adagrad on the ps, where each parameter's step shrinks with the
+gradients it has had, is what Dean et al. found keeps many asynchronous replicas stable. Repeat:
+    window times, on worker k alone:  g <- grad L(local_params; next mini-batch of k)
+        local_params <- local_params - learning_rate * g  (or local Adagrad);  accumulated += g
+    push:  global_params <- Adagrad(global_params, accumulated) on the ps;  accumulated <- 0
+    pull:  local_params <- global_params  (also once when the worker starts)
 
-The update rule (worker k; the global step counts pushes)
-    local_params <- global_params                                # pulled when the worker starts
-    repeat:
-        accumulated <- 0
-        window times:                                            # on the worker, no network
-            g <- grad L(local_params; next mini-batch of k)
-            local_params <- local_params - learning_rate * g      # or local Adagrad
-            accumulated  <- accumulated + g
-        push: global_params <- Adagrad(global_params, accumulated)   # on the ps; global_step += 1
-        pull: local_params  <- global_params
-
-Run it
-    bash run.sh                                    # 1 ps + 2 workers on free localhost ports
-    bash run.sh --window 10 --local_optimizer adagrad
-    By hand or with TF_CONFIG: as in ../Distributed-Setup. --steps counts the mini-batches of
-    all workers, as in every example: training stops once the global step reaches steps/window.
-
-Use your own model: edit the sections marked "(replace with your own)", Data and Model.
-
-References
-    J. Dean et al., "Large Scale Distributed Deep Networks", NIPS 2012, Sec. 4.1 (Downpour SGD).
-    J. Duchi, E. Hazan, Y. Singer, "Adaptive Subgradient Methods for Online Learning and
-    Stochastic Optimization", JMLR 2011 (Adagrad).
+Run it: bash run.sh [--window 10 --local_optimizer adagrad], or as in ../Distributed-Setup.
+References: J. Dean et al., "Large Scale Distributed Deep Networks", NIPS 2012, Sec. 4.1; J. Duchi
+et al., "Adaptive Subgradient Methods for Online Learning and Stochastic Optimization", JMLR 2011.
 """
 import argparse
 import collections
@@ -46,14 +28,13 @@ EXAMPLE = "DOWNPOUR"
 
 
 def example_flags(parser):
-    parser.add_argument("--window", type=int, default=5,
-                        help="local mini-batch steps between two pushes")
-    parser.add_argument("--local_optimizer", default="sgd", choices=("sgd", "adagrad"),
-                        help="how a worker trains its local copy between pushes")
-    parser.add_argument("--ps_optimizer", default="adagrad", choices=("adagrad", "sgd"),
-                        help="how the ps applies a push: adagrad (the paper's stabiliser) or sgd")
-    parser.add_argument("--ps_learning_rate", type=float, default=0.1,
-                        help="learning rate of the ps optimizer")
+    add = parser.add_argument
+    add("--window", type=int, default=5, help="local mini-batch steps between two pushes")
+    add("--local_optimizer", default="sgd", choices=("sgd", "adagrad"),
+        help="how a worker trains its local copy between pushes")
+    add("--ps_optimizer", default="adagrad", choices=("adagrad", "sgd"),
+        help="how the ps applies a push: adagrad (the paper's stabiliser) or sgd")
+    add("--ps_learning_rate", type=float, default=0.1, help="learning rate of the ps optimizer")
 
 
 # --- Data (replace with your own) -----------------------------------------------------------------
@@ -62,9 +43,8 @@ Dataset = collections.namedtuple("Dataset", "x_train y_train x_test y_test pixel
 
 
 def load_dataset(data_path=""):
-    """Images as flat integer pixels, and integer labels, for training and for the test: by
-    default scikit-learn's 1797 handwritten 8x8 digits (offline; a fixed fifth is the test set),
-    or the arrays x_train, y_train, x_test, y_test of the .npz at data_path (as in mnist.npz)."""
+    """Flat integer pixels and integer labels, to train and to test: by default scikit-learn's
+    1797 handwritten 8x8 digits (offline; a fixed fifth to test), or the arrays of mnist.npz."""
     if data_path:
         try:
             with np.load(data_path) as f:
@@ -127,58 +107,35 @@ Downpour = collections.namedtuple("Downpour", "global_params local_params accumu
 
 
 def build_downpour(args, cluster, x, y):
-    """DOWNPOUR's ops for this worker, on the mini-batch stream (x, y).
-
-    local_step     one step of the local optimizer on local_params with the next mini-batch;
-                   its gradient is added to accumulated_gradients. Runs on this worker only.
-    push           the ps applies accumulated_gradients to global_params with its optimizer and
-                   counts the push in global_step (its value); the accumulator restarts at zero.
-    pull           local_params <- global_params.
-    push_and_pull  both, in that order, in one session run; its value is the global step.
-    """
+    """This worker's ops on the mini-batch stream (x, y): the steps of the update rule above."""
     worker = "/job:worker/task:%d" % args.task_index
     with tf.compat.v1.device(tf.compat.v1.train.replica_device_setter(
             cluster=tf.compat.v1.train.ClusterSpec(cluster), worker_device=worker)):
         global_step = tf.compat.v1.train.get_or_create_global_step()
         global_params = model_params(int(x.shape[1]), args.hidden, args.seed)
-    with tf.compat.v1.device(worker):
-        # The initial value is read from the ps: each worker's session initialises its local
-        # variables only once the chief has initialised the global ones (TrainingLog.start), a
-        # real barrier, so every worker starts from the ps.
+    with tf.compat.v1.device(worker):  # local_params read the ps: TrainingLog.start waits for it
         local_params = worker_variables("local", global_params, lambda p: p.read_value())
-        accumulated_gradients = worker_variables("accumulated", global_params,
-                                                 lambda p: tf.zeros(p.shape))
+        accumulated = worker_variables("accumulated", global_params, lambda p: tf.zeros(p.shape))
         loss = model_loss_and_accuracy(local_params, x, y)[0]
         gradients = tf.gradients(loss, list(local_params.values()))
-        accumulate = [a.assign_add(g, read_value=False)
-                      for a, g in zip(accumulated_gradients.values(), gradients)]
-        with tf.control_dependencies(accumulate + local_optimizer(args, local_params, gradients)):
+        adds = [a.assign_add(g, read_value=False) for a, g in zip(accumulated.values(), gradients)]
+        with tf.control_dependencies(adds + local_optimizer(args, local_params, gradients)):
             local_step = tf.identity(loss, name="local_step")
-
-    # Adagrad's sums of squared gradients live beside their parameters, on the ps, and the update
-    # runs there: only the accumulated gradient crosses the network.
     ps_optimizer = (tf.compat.v1.train.AdagradOptimizer if args.ps_optimizer == "adagrad" else
                     tf.compat.v1.train.GradientDescentOptimizer)(args.ps_learning_rate)
-    apply_on_ps = ps_optimizer.apply_gradients(
-        [(a.read_value(), p) for a, p in zip(accumulated_gradients.values(),
-                                             global_params.values())])
-    with tf.control_dependencies([apply_on_ps]):
-        count = global_step.assign_add(1)
-        restart = [a.assign(tf.zeros(a.shape), read_value=False)
-                   for a in accumulated_gradients.values()]
-    with tf.control_dependencies(restart):
-        push = tf.identity(count)
-
-    def copy_global_to_local():  # built inside the caller's control dependencies: reads after
-        return tf.group(*[local.assign(theta.read_value(), read_value=False)
-                          for local, theta in zip(local_params.values(), global_params.values())])
-    pull = copy_global_to_local()
-    with tf.control_dependencies([push]):
-        pulled = copy_global_to_local()
-    with tf.control_dependencies([pulled]):
+    with tf.control_dependencies([ps_optimizer.apply_gradients(  # on the ps: only the sum travels
+            [(a.read_value(), p) for a, p in zip(accumulated.values(), global_params.values())])]):
+        restart = [a.assign(tf.zeros(a.shape), read_value=False) for a in accumulated.values()]
+    with tf.control_dependencies(restart):  # the global step counts a push once it is done
+        push = global_step.assign_add(1)
+    pairs = list(zip(local_params.values(), global_params.values()))
+    pull = tf.group(*[local.assign(p.read_value(), read_value=False) for local, p in pairs])
+    with tf.control_dependencies([push]):  # so that these reads of global_params see the push
+        pulled = [local.assign(p.read_value(), read_value=False) for local, p in pairs]
+    with tf.control_dependencies(pulled):
         push_and_pull = tf.identity(push)
-    return Downpour(global_params, local_params, accumulated_gradients, global_step, loss,
-                    local_step, push, pull, push_and_pull)
+    return Downpour(global_params, local_params, accumulated, global_step, loss, local_step, push,
+                    pull, push_and_pull)
 
 
 # >>> shared: worker variables
@@ -192,16 +149,13 @@ def worker_variables(prefix, like, initial_value):
 
 
 def local_optimizer(args, local_params, gradients):
-    """The updates of one local step, written out: they touch only this worker's variables."""
-    if args.local_optimizer == "sgd":
-        return [p.assign_sub(args.learning_rate * g, read_value=False)
-                for p, g in zip(local_params.values(), gradients)]
-    # Adagrad: each parameter's step is learning_rate / sqrt(sum of its squared gradients so
-    # far). The sums stay on the worker and survive pulls: they describe the worker's data.
-    squares = worker_variables("squared_gradients", local_params, lambda p: tf.fill(p.shape, 0.1))
-    return [p.assign_sub(args.learning_rate * g * tf.math.rsqrt(s.assign_add(tf.square(g))),
-                         read_value=False)
-            for p, s, g in zip(local_params.values(), squares.values(), gradients)]
+    """One local step's updates, written out: they touch only this worker's variables."""
+    steps = [args.learning_rate * g for g in gradients]
+    if args.local_optimizer == "adagrad":  # its sums outlive pulls: they track this worker's data
+        sums = worker_variables("squared_gradients", local_params, lambda p: tf.fill(p.shape, 0.1))
+        steps = [step * tf.math.rsqrt(s.assign_add(tf.square(g)))
+                 for step, s, g in zip(steps, sums.values(), gradients)]
+    return [p.assign_sub(step, read_value=False) for p, step in zip(local_params.values(), steps)]
 
 
 # >>> shared: staleness

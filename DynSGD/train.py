@@ -1,12 +1,10 @@
 """DynSGD: the ps scales each push down by how stale it is.
 
 What it teaches
-    Staleness handled where it is known: on the ps. Each worker trains its own copy of the
-    parameters (local_params) for a window of mini-batches and pushes the change it made, as in
-    DOWNPOUR and ADAG. The ps counts, per worker, how many pushes of other workers have landed
-    since that worker last pulled: its staleness. A push that is s pushes old was computed on
-    parameters that have moved s times since, so the ps applies it divided by s + 1. A fresh
-    push lands whole; with one worker, s is always 0 and DynSGD is DOWNPOUR with a plain ps.
+    Staleness handled where it is known: on the ps. As in ADAG, each worker trains its own copy
+    (local_params) for a window of mini-batches and pushes its change. The ps counts the pushes
+    of others since that worker last pulled, its staleness s, and divides the push by s + 1: a
+    fresh push lands whole; with one worker s is 0 and DynSGD is DOWNPOUR with a plain ps.
 
 The update rule (worker k; the global step counts pushes and is the ps's clock)
     local_params <- global_params;  pulled_at[k] <- global_step   # pulled when k starts
@@ -24,15 +22,13 @@ The update rule (worker k; the global step counts pushes and is the ps's clock)
 Run it
     bash run.sh                                    # 1 ps + 2 workers on free localhost ports
     NUM_WORKERS=4 bash run.sh --window 3
-    By hand or with TF_CONFIG: as in ../Distributed-Setup. --steps counts the mini-batches of
-    all workers, as in every example: training stops once the global step reaches steps/window.
+    By hand or with TF_CONFIG: as in ../Distributed-Setup. Training stops at steps / window.
 
 Use your own model: edit the sections marked "(replace with your own)", Data and Model.
 
 References
     J. Jiang, B. Cui, C. Zhang, L. Yu, "Heterogeneity-aware Distributed Parameter Servers",
-    SIGMOD 2017 (DynSGD). The rule as written here follows dist-keras (github.com/cerndb/
-    dist-keras, DynSGDWorker and DynSGDParameterServer) and J. Hermans' master thesis.
+    SIGMOD 2017 (DynSGD); the rule as in dist-keras (github.com/cerndb/dist-keras, DynSGDWorker).
 """
 import argparse
 import collections
@@ -59,9 +55,8 @@ Dataset = collections.namedtuple("Dataset", "x_train y_train x_test y_test pixel
 
 
 def load_dataset(data_path=""):
-    """Images as flat integer pixels, and integer labels, for training and for the test: by
-    default scikit-learn's 1797 handwritten 8x8 digits (offline; a fixed fifth is the test set),
-    or the arrays x_train, y_train, x_test, y_test of the .npz at data_path (as in mnist.npz)."""
+    """Flat integer pixels and integer labels, to train and to test: by default scikit-learn's
+    1797 handwritten 8x8 digits (offline; a fixed fifth to test), or the arrays of mnist.npz."""
     if data_path:
         try:
             with np.load(data_path) as f:
@@ -120,40 +115,34 @@ def model_loss_and_accuracy(params, x, y):
 
 # --- The algorithm --------------------------------------------------------------------------------
 DynSgd = collections.namedtuple("DynSgd", "global_params local_params pulled_params pulled_at "
-                                "staleness_sum global_step loss local_step push pull "
-                                "push_and_pull")
+                                "staleness_sum global_step loss local_step push pull push_and_pull")
 
 
 def build_dynsgd(args, cluster, x, y):
-    """DynSGD's ops for this worker, on the mini-batch stream (x, y).
-
-    local_step     one SGD step on local_params with the next mini-batch. Runs on this worker.
-    push           global_params += (local_params - pulled_params) / (staleness + 1) on the ps,
-                   counted in global_step (its value); staleness_sum adds the staleness.
-    pull           local_params, pulled_params <- global_params; pulled_at[k] <- global_step.
-    push_and_pull  both, in that order, in one session run; its value is the global step.
-    """
+    """DynSGD's ops for this worker, on the mini-batch stream (x, y). local_step: one SGD step on
+    local_params, on this worker. push: global_params += (local_params - pulled_params) /
+    (staleness + 1) on the ps, counted in global_step (its value) and in staleness_sum. pull:
+    local_params, pulled_params <- global_params; pulled_at[k] <- global_step. push_and_pull:
+    both, in one session run; its value is the global step."""
     k, worker = args.task_index, "/job:worker/task:%d" % args.task_index
     with tf.compat.v1.device(tf.compat.v1.train.replica_device_setter(
-            cluster=tf.compat.v1.train.ClusterSpec(cluster), worker_device=worker)):
+            cluster=cluster, worker_device=worker)):
         global_step = tf.compat.v1.train.get_or_create_global_step()
         global_params = model_params(int(x.shape[1]), args.hidden, args.seed)
         # the ps's memory of when each worker pulled, and a meter for the summary
         pulled_at = tf.compat.v1.get_variable("pulled_at", [len(cluster["worker"])], tf.int64,
                                               tf.compat.v1.zeros_initializer(), trainable=False)
         staleness_sum = tf.compat.v1.get_variable("staleness", [], tf.int64,
-                                                  tf.compat.v1.zeros_initializer(),
-                                                  trainable=False)
+                                                  tf.compat.v1.zeros_initializer(), trainable=False)
     with tf.compat.v1.device(worker):
-        local_params = worker_variables("local", global_params, lambda p: p.read_value())
-        pulled_params = worker_variables("pulled", global_params, lambda p: p.read_value())
+        local_params, pulled_params = (worker_variables(
+            copy, global_params, lambda p: p.read_value()) for copy in ("local", "pulled"))
         loss = model_loss_and_accuracy(local_params, x, y)[0]
         gradients = tf.gradients(loss, list(local_params.values()))
         with tf.control_dependencies([p.assign_sub(args.learning_rate * g, read_value=False)
                                       for p, g in zip(local_params.values(), gradients)]):
             local_step = tf.identity(loss, name="local_step")
-        change = [local.read_value() - pulled.read_value()
-                  for local, pulled in zip(local_params.values(), pulled_params.values())]
+        change = [local_params[name] - pulled_params[name] for name in global_params]
 
     with tf.compat.v1.device(global_step.device):  # the scaling runs on the ps
         clock = global_step.assign_add(1)
@@ -165,17 +154,14 @@ def build_dynsgd(args, cluster, x, y):
         push = tf.identity(clock)
 
     def copy_global_to_local():  # one read per parameter, and the clock it was read at
-        copies = [pulled_at.scatter_update(tf.IndexedSlices(global_step.read_value()[None], [k]))]
-        for name, theta in global_params.items():
-            value = theta.read_value()
-            copies += [local_params[name].assign(value, read_value=False),
-                       pulled_params[name].assign(value, read_value=False)]
-        return tf.group(*copies)
+        values = {name: theta.read_value() for name, theta in global_params.items()}
+        note_clock = pulled_at.scatter_update(tf.IndexedSlices(global_step.read_value()[None], [k]))
+        return tf.group(note_clock, *[copy[n].assign(values[n], read_value=False)
+                                      for copy in (local_params, pulled_params) for n in values])
     pull = copy_global_to_local()
     with tf.control_dependencies([push]):
-        pulled = copy_global_to_local()
-    with tf.control_dependencies([pulled]):
-        push_and_pull = tf.identity(push)
+        with tf.control_dependencies([copy_global_to_local()]):
+            push_and_pull = tf.identity(push)
     return DynSgd(global_params, local_params, pulled_params, pulled_at, staleness_sum,
                   global_step, loss, local_step, push, pull, push_and_pull)
 
@@ -203,9 +189,8 @@ def train(args, cluster, server):
         for _ in range(args.window):  # on this worker alone: no network traffic
             loss = session.run(dynsgd.local_step)
         log.after_update(session, loss, session.run(dynsgd.push_and_pull))
-    return log.end(session, minibatches_per_update=args.window, window=args.window,
-                   mean_staleness=lambda s: session.run(dynsgd.staleness_sum) / max(
-                       s["global_step"], 1))
+    return log.end(session, minibatches_per_update=args.window, window=args.window, mean_staleness=
+                   lambda s: session.run(dynsgd.staleness_sum) / max(s["global_step"], 1))
 
 
 def main(argv=None):

@@ -25,8 +25,7 @@ The update rule (worker k; the global step counts exchanges)
 Run it
     bash run.sh                                    # 1 ps + 2 workers on free localhost ports
     NUM_WORKERS=4 bash run.sh --tau 16 --momentum 0.99 --learning_rate 0.005
-    By hand or with TF_CONFIG: as in ../Distributed-Setup. --steps counts the mini-batches of
-    all workers, as in every example: training stops once the global step reaches steps/tau.
+    By hand or with TF_CONFIG: as in ../Distributed-Setup. Training stops at steps / tau.
 
 Use your own model: edit the sections marked "(replace with your own)", Data and Model.
 
@@ -68,9 +67,8 @@ Dataset = collections.namedtuple("Dataset", "x_train y_train x_test y_test pixel
 
 
 def load_dataset(data_path=""):
-    """Images as flat integer pixels, and integer labels, for training and for the test: by
-    default scikit-learn's 1797 handwritten 8x8 digits (offline; a fixed fifth is the test set),
-    or the arrays x_train, y_train, x_test, y_test of the .npz at data_path (as in mnist.npz)."""
+    """Flat integer pixels and integer labels, to train and to test: by default scikit-learn's
+    1797 handwritten 8x8 digits (offline; a fixed fifth to test), or the arrays of mnist.npz."""
     if data_path:
         try:
             with np.load(data_path) as f:
@@ -133,17 +131,13 @@ Eamsgd = collections.namedtuple("Eamsgd", "centre local_params velocity global_s
 
 
 def build_eamsgd(args, cluster, x, y):
-    """EAMSGD's ops for this worker, on the mini-batch stream (x, y).
-
-    local_step  one Nesterov momentum step on local_params and velocity with the next
-                mini-batch. Runs on this worker.
-    exchange    the elastic exchange: local_params and centre each move alpha times their
-                difference towards the other; velocity stays. Counted in global_step (its
-                value).
-    """
+    """EAMSGD's ops for this worker, on the mini-batch stream (x, y). local_step: one Nesterov
+    momentum step on local_params and velocity, on this worker. exchange: local_params and
+    centre each move alpha times their difference towards the other; velocity stays. Counted in
+    global_step (its value)."""
     worker = "/job:worker/task:%d" % args.task_index
     with tf.compat.v1.device(tf.compat.v1.train.replica_device_setter(
-            cluster=tf.compat.v1.train.ClusterSpec(cluster), worker_device=worker)):
+            cluster=cluster, worker_device=worker)):
         global_step = tf.compat.v1.train.get_or_create_global_step()
         centre = model_params(int(x.shape[1]), args.hidden, args.seed)
     with tf.compat.v1.device(worker):
@@ -152,9 +146,7 @@ def build_eamsgd(args, cluster, x, y):
         local_params = worker_variables("local", centre, lambda c: c.read_value())
         velocity = worker_variables("velocity", centre, lambda c: tf.zeros(c.shape))
         # Nesterov: the gradient is taken where the velocity is about to carry the parameters
-        ahead = collections.OrderedDict((name, p.read_value() + args.momentum * v.read_value())
-                                        for (name, p), v in zip(local_params.items(),
-                                                                velocity.values()))
+        ahead = {name: p + args.momentum * velocity[name] for name, p in local_params.items()}
         loss = model_loss_and_accuracy(ahead, x, y)[0]
         gradients = tf.gradients(loss, list(ahead.values()))
         steps = [args.momentum * v.read_value() - args.learning_rate * g
@@ -164,8 +156,7 @@ def build_eamsgd(args, cluster, x, y):
         with tf.control_dependencies(moves):
             local_step = tf.identity(loss, name="local_step")
         # one read of the centre per exchange; both sides then move by the same amount
-        elastic = [args.alpha * (p.read_value() - c.read_value())
-                   for p, c in zip(local_params.values(), centre.values())]
+        elastic = [args.alpha * (local_params[name] - centre[name]) for name in centre]
 
     # equal and opposite: what the worker gives up, the centre gains (an add on the ps, so
     # exchanges of other workers that land in between are kept)
@@ -173,8 +164,7 @@ def build_eamsgd(args, cluster, x, y):
              [p.assign_sub(e, read_value=False) for p, e in zip(local_params.values(), elastic)])
     with tf.control_dependencies(moves):
         exchange = global_step.assign_add(1)
-    return Eamsgd(centre, local_params, velocity, global_step, loss, local_step,
-                  exchange)
+    return Eamsgd(centre, local_params, velocity, global_step, loss, local_step, exchange)
 
 
 # >>> shared: worker variables

@@ -1,38 +1,17 @@
 """EASGD: synchronous elastic averaging; the centre moves towards the workers' mean every round.
 
-What it teaches
-    Elastic averaging in lockstep. Each worker trains its own parameters (local_params) for tau
-    mini-batches; then all workers meet in a round: each moves alpha times its distance towards
-    the centre variable on the ps, and the centre moves alpha times the sum of those distances
-    towards them, all measured from the centre as it was before the round: a moving average of
-    the workers. The round is Sync-SGD's: SyncReplicasOptimizer averages the "gradients" the
-    workers send, here centre - local_params, and descends them on the ps at rate beta; its
-    tokens, --step_timeout and --backup_workers carry over.
+What it teaches: elastic averaging in lockstep. Every tau mini-batches, each worker's own
+local_params and the centre variable on the ps pull towards each other in a Sync-SGD round.
+The update rule (round t: N workers aggregated, N * tau of --steps; the global step counts rounds):
+    worker k: local_params <- centre, once; each round, after tau SGD steps on its own batches,
+        d_k <- local_params - centre_t;  local_params <- local_params - alpha * d_k;  send -d_k
+    the ps: centre_{t+1} <- centre_t - beta * mean of the -d_k = centre_t + alpha * sum of d_k
+          = (1 - beta) * centre_t + beta * mean of the N workers,       beta = N * alpha <= 1
 
-The update rule (round t; N workers aggregated; the global step counts rounds)
-    local_params <- centre                                  # once, when the worker starts
-    each round, worker k:
-        tau times:                                          # on the worker, no network
-            g <- grad L(local_params; next mini-batch of k)
-            local_params <- local_params - learning_rate * g
-        difference_k <- local_params - centre_t             # centre_t read once
-        local_params <- local_params - alpha * difference_k # on the worker
-        send -difference_k as the gradient; wait for the round
-    the ps: centre_{t+1} <- centre_t - beta * mean of the N gradients of round t
-          = centre_t + alpha * sum of the N differences,            beta = N * alpha <= 1
-          = (1 - beta) * centre_t + beta * mean of the N workers
+Run it: bash run.sh (1 ps + 2 workers), NUM_WORKERS=3 bash run.sh --backup_workers 1 (a round
+goes on without one lost worker), or by hand as in ../Distributed-Setup.
 
-Run it
-    bash run.sh                                    # 1 ps + 2 workers on free localhost ports
-    NUM_WORKERS=3 bash run.sh --backup_workers 1   # rounds go on without one lost worker
-    By hand or with TF_CONFIG: as in ../Distributed-Setup. --steps counts the mini-batches of
-    all workers, as in every example: a round uses N * tau of them.
-
-Use your own model: edit the sections marked "(replace with your own)", Data and Model.
-
-References
-    S. Zhang, A. Choromanska, Y. LeCun, "Deep learning with Elastic Averaging SGD", NIPS 2015,
-    arXiv:1412.6651, Sec. 3 (synchronous EASGD; beta = 0.9 there).
+Reference: S. Zhang et al., "Deep learning with Elastic Averaging SGD", arXiv:1412.6651, Sec. 3.
 """
 import argparse
 import collections
@@ -49,8 +28,7 @@ EXAMPLE = "EASGD"
 
 
 def example_flags(parser):
-    # a round gives back alpha of each worker's gain: a longer step makes up for it (README.md)
-    parser.set_defaults(learning_rate=0.2)
+    parser.set_defaults(learning_rate=0.2)  # larger: each round takes back alpha of the progress
     parser.add_argument("--tau", type=int, default=8,
                         help="local mini-batch steps between two rounds")
     parser.add_argument("--alpha", type=float, default=None,
@@ -68,9 +46,8 @@ Dataset = collections.namedtuple("Dataset", "x_train y_train x_test y_test pixel
 
 
 def load_dataset(data_path=""):
-    """Images as flat integer pixels, and integer labels, for training and for the test: by
-    default scikit-learn's 1797 handwritten 8x8 digits (offline; a fixed fifth is the test set),
-    or the arrays x_train, y_train, x_test, y_test of the .npz at data_path (as in mnist.npz)."""
+    """Flat integer pixels and integer labels, to train and to test: by default scikit-learn's
+    1797 handwritten 8x8 digits (offline; a fixed fifth to test), or the arrays of mnist.npz."""
     if data_path:
         try:
             with np.load(data_path) as f:
@@ -128,58 +105,39 @@ def model_loss_and_accuracy(params, x, y):
 
 
 # --- The algorithm --------------------------------------------------------------------------------
-Easgd = collections.namedtuple("Easgd", "centre local_params global_step loss local_step "
-                               "exchange replicas_to_aggregate hook release_workers")
+Easgd = collections.namedtuple("Easgd", "centre local_params global_step local_step exchange hook "
+                               "release_workers replicas_to_aggregate")
 
 
 def build_easgd(args, cluster, x, y):
-    """EASGD's ops for this worker, on the mini-batch stream (x, y).
-
-    local_step  one SGD step on local_params with the next mini-batch. Runs on this worker.
-    exchange    this worker's part of a round: it moves towards the centre and sends its
-                difference; once N have arrived the ps moves the centre and counts the round
-                in global_step. Waits for the round before it returns.
-    """
+    """This worker's ops on its mini-batches (x, y): local_step runs alone, exchange in a round."""
     workers = len(cluster["worker"])
-    replicas_to_aggregate = workers - args.backup_workers
+    n = workers - args.backup_workers  # N: the workers whose differences make a round
     worker = "/job:worker/task:%d" % args.task_index
     with tf.compat.v1.device(tf.compat.v1.train.replica_device_setter(
             cluster=tf.compat.v1.train.ClusterSpec(cluster), worker_device=worker)):
         global_step = tf.compat.v1.train.get_or_create_global_step()
         centre = model_params(int(x.shape[1]), args.hidden, args.seed)
-        # The ps averages the N "gradients" centre - local and steps against them at rate beta:
-        # centre + beta * (mean(local) - centre), which is centre + alpha * sum(local - centre).
-        beta = args.alpha * replicas_to_aggregate
         sync = tf.compat.v1.train.SyncReplicasOptimizer(
-            tf.compat.v1.train.GradientDescentOptimizer(beta),
-            replicas_to_aggregate=replicas_to_aggregate, total_num_replicas=workers)
-    with tf.compat.v1.device(worker):
-        # every worker starts from the centre, once the chief has initialised it; after that
-        # only the elastic force ties it to the centre
-        local_params = worker_variables("local", centre, lambda c: c.read_value())
-        loss = model_loss_and_accuracy(local_params, x, y)[0]
-        gradients = tf.gradients(loss, list(local_params.values()))
-        with tf.control_dependencies([p.assign_sub(args.learning_rate * g, read_value=False)
-                                      for p, g in zip(local_params.values(), gradients)]):
-            local_step = tf.identity(loss, name="local_step")
-        # one read of the centre and of local_params for both sides of the exchange
-        differences = [p.read_value() - c.read_value()
-                       for p, c in zip(local_params.values(), centre.values())]
-        # the worker moves as it sends (the dependency is on what is sent, not on the whole
-        # apply_gradients: the chief's aggregation thread runs part of that on its own)
-        with tf.control_dependencies([p.assign_sub(args.alpha * d, read_value=False)
-                                      for p, d in zip(local_params.values(), differences)]):
-            sent = [tf.identity(-d) for d in differences]
-    with tf.compat.v1.device(tf.compat.v1.train.replica_device_setter(
-            cluster=tf.compat.v1.train.ClusterSpec(cluster), worker_device=worker)):
+            tf.compat.v1.train.GradientDescentOptimizer(args.alpha * n),  # beta = N * alpha
+            replicas_to_aggregate=n, total_num_replicas=workers)
+        with tf.compat.v1.device(worker):  # even the variables: each worker has its own copy
+            local_params = worker_variables("local", centre, lambda c: c.read_value())
+            local = list(local_params.values())
+            loss = model_loss_and_accuracy(local_params, x, y)[0]
+            with tf.control_dependencies([p.assign_sub(args.learning_rate * g, read_value=False)
+                                          for p, g in zip(local, tf.gradients(loss, local))]):
+                local_step = tf.identity(loss, name="local_step")
+            differences = [p.read_value() - c.read_value() for p, c in zip(local, centre.values())]
+            # tied to what is sent, not to apply_gradients: the chief's own thread runs part of that
+            with tf.control_dependencies([p.assign_sub(args.alpha * d, read_value=False)
+                                          for p, d in zip(local, differences)]):
+                sent = [tf.identity(-d) for d in differences]
         exchange = sync.apply_gradients(list(zip(sent, centre.values())), global_step=global_step)
-        # the end, as in Sync-SGD: the chief hands every worker one more token to wake it
         release_workers = sync.get_init_tokens_op(workers) if args.task_index == 0 else None
-    # num_tokens=0: nobody starts a second round before the first is aggregated
     hook = sync.make_session_run_hook(is_chief=args.task_index == 0, num_tokens=0)
-    hook.begin()  # builds the chief's aggregation and the tokens: run by after_create_session
-    return Easgd(centre, local_params, global_step, loss, local_step, exchange,
-                 replicas_to_aggregate, hook, release_workers)
+    hook.begin()  # builds the chief's aggregation; num_tokens=0: no worker runs a round ahead
+    return Easgd(centre, local_params, global_step, local_step, exchange, hook, release_workers, n)
 
 
 # >>> shared: worker variables
@@ -211,20 +169,18 @@ def train(args, cluster, server):
     x, y = training_batches(data, args.batch_size, args.task_index, len(cluster["worker"]),
                             args.seed)  # no device given: the pipeline runs on this worker
     easgd = build_easgd(args, cluster, x, y)
-    per_round = easgd.replicas_to_aggregate * args.tau  # mini-batches a round uses
+    n = easgd.replicas_to_aggregate
     log = TrainingLog(args, cluster, easgd.centre, data, steps_per_update=args.tau)
     session = log.start(server)
     easgd.hook.after_create_session(session, tf.compat.v1.train.Coordinator())
-    while log.step < -(-args.steps // per_round):  # the global step counts rounds
+    while log.step < -(-args.steps // (n * args.tau)):  # the global step counts rounds
         for _ in range(args.tau):  # on this worker alone: no network traffic
             loss = session.run(easgd.local_step)
         log.after_update(session, loss, sync_round(session, easgd.exchange, args, "round"))
     if log.is_chief:
-        session.run(easgd.release_workers)
-    return log.end(session, minibatches_per_update=per_round, tau=args.tau, alpha=args.alpha,
-                   beta=args.alpha * easgd.replicas_to_aggregate,
-                   replicas_to_aggregate=easgd.replicas_to_aggregate,
-                   backup_workers=args.backup_workers)
+        session.run(easgd.release_workers)  # one more token each: no worker waits forever
+    return log.end(session, minibatches_per_update=n * args.tau, tau=args.tau, alpha=args.alpha,
+                   beta=args.alpha * n, replicas_to_aggregate=n, backup_workers=args.backup_workers)
 
 
 def main(argv=None):
@@ -236,8 +192,8 @@ def main(argv=None):
             args.backup_workers, args.backup_workers + 1, len(cluster["worker"])))
     args.alpha = 0.6 / n if args.alpha is None else args.alpha  # None: 0.3 with 2 workers
     if args.alpha * n > 1:
-        fail("--alpha %g with %d workers per round moves the centre past their mean (beta = "
-             "%g > 1): use at most %.3g" % (args.alpha, n, args.alpha * n, 1.0 / n))
+        fail("--alpha %g with %d workers per round moves the centre past their mean "
+             "(beta = %g > 1): use at most %.3g" % (args.alpha, n, args.alpha * n, 1.0 / n))
     return run_task(args, cluster, train)
 
 

@@ -45,7 +45,7 @@ def jobs_of(train_py):
     workers only); none for an example that trains in one process."""
     with open(train_py) as f:
         source = f.read()
-    if "# >>> shared: cluster" in source:
+    if "# >>> shared: cluster and session" in source:
         return ("ps", "worker")
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "tf2_cluster":

@@ -15,14 +15,11 @@ ALLOWED_IMPORTS = {"argparse", "collections", "json", "os", "shutil", "socket", 
                    "threading", "time",
                    "numpy", "tensorflow", "sklearn"}
 BANNER = "# Plumbing shared by every example (identical text; you need not read below)"
-# Reading budgets: the algorithm within the first 150 lines, the plumbing below the banner, and
-# the whole file. The goal for the last two was 250 and 450 lines; the plumbing holds what every
-# example needs (flags and TF_CONFIG checked before TensorFlow loads, the session, checkpoints,
-# the shutdown and the summary) in 271, and the examples listed below have more of their own to
-# say than 450 - 271 lines. Where they stand today is the ceiling: growing one is a choice.
-PLUMBING_LINES = 271
-TOTAL_LINES = {"Sync-SGD": 473, "AEASGD": 475, "EAMSGD": 487, "DynSGD": 491,
-               "ADAG": 504, "EASGD": 520, "DOWNPOUR": 522, "DiLoCo": 539}
+# Reading budgets: the algorithm within the first 150 lines, at most 250 lines of plumbing below
+# the banner, and at most 450 lines in all. DiLoCo (its own AdamW and the synchronous round) is
+# still above the last; its figure here is a ceiling until it is brought down.
+PLUMBING_LINES = 250
+TOTAL_LINES = {"DiLoCo": 511}
 SECTIONS = ["# --- Data (replace with your own) ", "# --- Model (replace with your own) ",
             "# --- The algorithm ", "# --- The training loop ", "\ndef main(", BANNER]
 
@@ -94,9 +91,6 @@ def test_the_algorithm_comes_first_and_the_file_keeps_to_its_budget(example):
     assert algorithm <= 150, "%s: the algorithm starts at line %d" % (example, algorithm)
     plumbing = len(appendix(example).splitlines())
     assert plumbing <= PLUMBING_LINES, "%d lines below the banner" % plumbing
-    # the goal is 450 lines in all; the examples whose own story (docstring, flags, data, model,
-    # algorithm, loop) is longer than 450 minus the plumbing hold where they stand today, so that
-    # a change that makes one longer raises its figure here on purpose
     assert len(lines) <= TOTAL_LINES.get(example, 450), "%d lines in all" % len(lines)
 
 
