@@ -1,33 +1,23 @@
 """DiLoCo: rounds of H inner AdamW steps per worker; the averaged change is an outer gradient.
 
 What it teaches
-    Today's form of "train alone, then meet". Each round every worker starts from the global
-    parameters, takes H steps of its own inner optimizer (AdamW) and sends its outer gradient,
-    where the round started minus where it got to; the ps applies their mean with the outer
-    optimizer, SGD with Nesterov momentum. The round is Sync-SGD's: SyncReplicasOptimizer
-    averages what the workers send and applies it with the optimizer it wraps (its tokens,
-    --step_timeout and --backup_workers carry over). With outer SGD at rate 1 (or momentum 0)
-    the global parameters become the workers' mean: Local SGD, periodic model averaging.
+    Today's form of "train alone, then meet": each worker takes H steps of its own AdamW, then a
+    Sync-SGD round (its tokens, --step_timeout and --backup_workers carry over) applies the mean
+    of their changes on the ps with Nesterov momentum. Outer SGD at rate 1 makes it Local SGD.
 
 The update rule (round t; N workers aggregated; the global step counts rounds)
-    each round, worker k:
-        local_params <- global_params_t;  start <- global_params_t          # pull
-        H times:                                                            # on the worker
-            g <- grad L(local_params; next mini-batch of k)
-            local_params <- AdamW(local_params, g)       # its moments stay on k, round to round
-        send outer_gradient_k <- start - local_params;  wait for the round
-    the ps:
-        delta <- mean of the N outer gradients of round t
-        momentum <- outer_momentum * momentum + delta        # Nesterov; sgd: outer_momentum 0
-        global_params_{t+1} <- global_params_t - outer_lr * (delta + outer_momentum * momentum)
+    worker k: local_params <- start <- global_params                                 # pull
+              H times: local_params <- AdamW(local_params, grad L(local_params; next batch of k))
+              send start - local_params, its outer gradient      # AdamW's moments stay on k
+    the ps:   delta <- mean of the N outer gradients of round t
+              momentum <- outer_momentum * momentum + delta           # sgd: outer_momentum 0
+              global_params <- global_params - outer_lr * (delta + outer_momentum * momentum)
 
-Run it
+Run it (by hand or with TF_CONFIG: as in ../Distributed-Setup; a round uses N * H of --steps)
     bash run.sh                                    # 1 ps + 2 workers on free localhost ports
-    bash run.sh --inner_optimizer sgd --learning_rate 0.1 --outer_optimizer sgd
-                --outer_learning_rate 1            # (one line) Local SGD: model averaging
-    By hand or with TF_CONFIG: as in ../Distributed-Setup. A round uses N * H of --steps.
-
-Use your own model: edit the sections marked "(replace with your own)", Data and Model.
+    bash run.sh --inner_optimizer sgd --learning_rate 0.1 --outer_optimizer sgd \
+        --outer_learning_rate 1                    # Local SGD: model averaging
+    Your own model: edit the sections marked "(replace with your own)", Data and Model.
 
 References
     A. Douillard et al., "DiLoCo: Distributed Low-Communication Training of Language Models",
@@ -133,13 +123,8 @@ Diloco = collections.namedtuple("Diloco", "global_params local_params start inne
 
 
 def build_diloco(args, cluster, x, y):
-    """DiLoCo's ops for this worker, on the mini-batch stream (x, y).
-
-    inner_step  one step of the inner optimizer on local_params. Runs on this worker.
-    outer_step  send start - local_params; once N have arrived the ps applies their mean with
-                the outer optimizer (global_step counts it); then local_params, start <- global.
-                Its value is the global step after the round.
-    """
+    """DiLoCo's ops for this worker: inner_step, a step of the inner optimizer on local_params;
+    outer_step, a round, after which local_params and start hold the new global parameters."""
     workers = len(cluster["worker"])
     replicas_to_aggregate = workers - args.backup_workers
     worker = "/job:worker/task:%d" % args.task_index
@@ -148,23 +133,17 @@ def build_diloco(args, cluster, x, y):
     with tf.compat.v1.device(on_ps):
         global_step = tf.compat.v1.train.get_or_create_global_step()
         global_params = model_params(int(x.shape[1]), args.hidden, args.seed)
-        outer = (tf.compat.v1.train.MomentumOptimizer(args.outer_learning_rate, args.outer_momentum,
-                                                      use_nesterov=True)
-                 if args.outer_optimizer == "nesterov" else
-                 tf.compat.v1.train.GradientDescentOptimizer(args.outer_learning_rate))
+        outer = (tf.compat.v1.train.GradientDescentOptimizer(args.outer_learning_rate)
+                 if args.outer_optimizer == "sgd" else tf.compat.v1.train.MomentumOptimizer(
+                     args.outer_learning_rate, args.outer_momentum, use_nesterov=True))
         sync = tf.compat.v1.train.SyncReplicasOptimizer(
             outer, replicas_to_aggregate=replicas_to_aggregate, total_num_replicas=workers)
-    with tf.compat.v1.device(worker):
-        # both start from the ps, once the chief has initialised it
-        local_params = worker_variables("local", global_params, lambda p: p.read_value())
-        start = worker_variables("start", global_params, lambda p: p.read_value())
+    with tf.compat.v1.device(worker):  # both copies start from the ps, once the chief has set it
+        local_params, start = (worker_variables(name, global_params, lambda p: p.read_value())
+                               for name in ("local", "start"))
         loss = model_loss_and_accuracy(local_params, x, y)[0]
-        gradients = tf.gradients(loss, list(local_params.values()))
-        inner_state, updates = inner_optimizer(args, local_params, gradients)
-        with tf.control_dependencies(updates):
-            inner_step = tf.identity(loss, name="inner_step")
-        outer_gradients = [s.read_value() - p.read_value()
-                           for s, p in zip(start.values(), local_params.values())]
+        inner_step, inner_state = inner_optimizer(args, local_params, loss)
+        outer_gradients = [start[n].read_value() - p.read_value() for n, p in local_params.items()]
     with tf.compat.v1.device(on_ps):
         sent = sync.apply_gradients(list(zip(outer_gradients, global_params.values())),
                                     global_step=global_step)
@@ -174,35 +153,34 @@ def build_diloco(args, cluster, x, y):
                                       for copy in (local_params, start) for name in pulled]):
             outer_step = tf.identity(sent)  # the token a round hands out: the new global step
     release_workers = sync.get_init_tokens_op(workers) if args.task_index == 0 else None
-    # num_tokens=0: nobody starts a second round before the first is aggregated
-    hook = sync.make_session_run_hook(is_chief=args.task_index == 0, num_tokens=0)
+    hook = sync.make_session_run_hook(is_chief=args.task_index == 0, num_tokens=0)  # no head start
     hook.begin()  # builds the chief's aggregation and the tokens: run by after_create_session
     return Diloco(global_params, local_params, start, inner_state, global_step, loss, inner_step,
                   outer_step, replicas_to_aggregate, hook, release_workers)
 
 
-def inner_optimizer(args, params, gradients):
-    """The inner optimizer's state and the updates of one step, all on this worker. AdamW
-    (Loshchilov and Hutter, "Decoupled Weight Decay Regularization", ICLR 2019) is Adam plus
-    weight decay applied to the parameters themselves, not through the gradient; its moments
-    are kept from one round to the next, as in DiLoCo."""
-    if args.inner_optimizer == "sgd":
-        return {}, [p.assign_sub(args.learning_rate * g, read_value=False)
-                    for p, g in zip(params.values(), gradients)]
-    beta1, beta2, epsilon = 0.9, 0.999, 1e-8
-    m = worker_variables("adam_m", params, lambda p: tf.zeros(p.shape))
-    v = worker_variables("adam_v", params, lambda p: tf.zeros(p.shape))
-    t = worker_variables("adam", {"t": tf.constant(0.0)}, lambda zero: zero)["t"]
-    t_next = t.assign_add(1.0)
-    bias_correction = tf.sqrt(1 - beta2 ** t_next) / (1 - beta1 ** t_next)
-    updates = []
-    for (name, p), g in zip(params.items(), gradients):
-        m_next = m[name].assign(beta1 * m[name] + (1 - beta1) * g)
-        v_next = v[name].assign(beta2 * v[name] + (1 - beta2) * tf.square(g))
-        updates.append(p.assign_sub(args.learning_rate * (
-            bias_correction * m_next / (tf.sqrt(v_next) + epsilon) + args.weight_decay * p),
-            read_value=False))
-    return {"m": m, "v": v, "t": t}, updates
+def inner_optimizer(args, params, loss):
+    """One inner step (its value: the loss) and the optimizer's state, kept from round to round,
+    on this worker (TensorFlow's optimizers would put their slots on the ps). AdamW (Loshchilov,
+    Hutter, ICLR 2019) is Adam with weight decay on the parameters, not through the gradient."""
+    gradients = tf.gradients(loss, list(params.values()))
+    state, steps = {}, gradients  # sgd steps along the gradient
+    if args.inner_optimizer == "adamw":
+        beta1, beta2, epsilon = 0.9, 0.999, 1e-8
+        m = worker_variables("adam_m", params, lambda p: tf.zeros(p.shape))
+        v = worker_variables("adam_v", params, lambda p: tf.zeros(p.shape))
+        t = worker_variables("adam", {"t": tf.constant(0.0)}, lambda zero: zero)["t"]
+        state, t_next = {"m": m, "v": v, "t": t}, t.assign_add(1.0)
+        bias_correction = tf.sqrt(1 - beta2 ** t_next) / (1 - beta1 ** t_next)
+        steps = []
+        for (name, p), g in zip(params.items(), gradients):
+            m_next = m[name].assign(beta1 * m[name] + (1 - beta1) * g)
+            v_next = v[name].assign(beta2 * v[name] + (1 - beta2) * tf.square(g))
+            adam = bias_correction * m_next / (tf.sqrt(v_next) + epsilon)
+            steps.append(adam + args.weight_decay * p)
+    with tf.control_dependencies([p.assign_sub(args.learning_rate * step, read_value=False)
+                                  for p, step in zip(params.values(), steps)]):
+        return tf.identity(loss, name="inner_step"), state
 
 
 # >>> shared: worker variables
