@@ -328,9 +328,9 @@ def is_listening(address):
 def wait_for(condition, seconds=float("inf")):
     """Whether condition() came true within seconds (it is checked four times a second)."""
     deadline = time.time() + seconds
-    while not condition() and time.time() < deadline:
+    while not (met := condition()) and time.time() < deadline:
         time.sleep(0.25)  # the pace of the checks
-    return condition()
+    return met
 
 
 class TrainingLog(object):
@@ -355,7 +355,7 @@ class TrainingLog(object):
 
     def start(self, server):
         """The session, once the chief has restored (from --log_dir) or initialised the ps."""
-        args, checkpoint = self.args, tf.train.latest_checkpoint(self.args.log_dir)
+        args = self.args
         self.saver = tf.compat.v1.train.Saver()  # the global variables, all made by now
         local_init = tf.compat.v1.local_variables_initializer()
         init = (tf.compat.v1.global_variables_initializer() if self.is_chief else
@@ -368,7 +368,7 @@ class TrainingLog(object):
             print("[worker0] chief: log_dir=%s" % args.log_dir, flush=True)
             self.writer = tf.compat.v1.summary.FileWriter(args.log_dir, session.graph)
             session.run(self.record.initializer)
-            if checkpoint:
+            if checkpoint := tf.train.latest_checkpoint(args.log_dir):  # the chief's alone
                 self.saver.restore(session, checkpoint)
                 print("[worker0] resuming from the checkpoint at global step %d"
                       % session.run(self.global_step), flush=True)
