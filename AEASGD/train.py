@@ -81,9 +81,9 @@ def load_dataset(data_path=""):
     else:
         from sklearn.datasets import load_digits
         from sklearn.model_selection import train_test_split
-        digits = load_digits()
-        x_train, x_test, y_train, y_test = train_test_split(
-            digits.data, digits.target, test_size=0.2, random_state=0, stratify=digits.target)
+        x, y = load_digits(return_X_y=True)
+        x_train, x_test, y_train, y_test = train_test_split(x, y, test_size=0.2, random_state=0,
+                                                            stratify=y)
     flat = lambda x: x.reshape(len(x), -1).astype(np.uint8)
     return Dataset(flat(x_train), y_train.astype(np.int64), flat(x_test), y_test.astype(np.int64),
                    pixel_max=max(int(x_train.max()), 1))
@@ -312,8 +312,7 @@ def serve(index, cluster, deadline):
     return 0
 
 
-def cause(error):
-    """The line of a TensorFlow error that says what went wrong (not the node or the trace)."""
+def cause(error):  # the line of a TensorFlow error that says what went wrong, not where
     return [line for line in error.message.splitlines() if line.strip() and not line.startswith(
         (" ", "\t", "Node: "))][-1]
 
@@ -389,12 +388,11 @@ class TrainingLog(object):
         self.step, before = int(global_step), self.local_steps
         self.local_steps += self.steps_per_update
         if before // self.args.log_every < self.local_steps // self.args.log_every:
-            line = "[%s] local_step=%d global_step=%d loss=%.4f" % (
-                self.role, self.local_steps, self.step, loss)
-            if self.is_chief:
-                line += " test_accuracy=%.4f" % self.evaluate(session, self.step, loss=loss)
-            print(line + " steps_per_sec=%.1f" % ((self.local_steps - self.clock[0]) / (
-                time.time() - self.clock[1])), flush=True)
+            rate = (self.local_steps - self.clock[0]) / (time.time() - self.clock[1])
+            accuracy = (" test_accuracy=%.4f" % self.evaluate(session, self.step, loss=loss)
+                        if self.is_chief else "")
+            print("[%s] local_step=%d global_step=%d loss=%.4f%s steps_per_sec=%.1f" % (
+                self.role, self.local_steps, self.step, loss, accuracy, rate), flush=True)
         if before == 0:  # the clock starts now: the first update set the graph up everywhere
             self.clock = (self.local_steps, time.time(), self.step)
 

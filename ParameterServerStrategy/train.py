@@ -72,9 +72,9 @@ def load_dataset(data_path=""):
     else:
         from sklearn.datasets import load_digits
         from sklearn.model_selection import train_test_split
-        digits = load_digits()
-        x_train, x_test, y_train, y_test = train_test_split(
-            digits.data, digits.target, test_size=0.2, random_state=0, stratify=digits.target)
+        x, y = load_digits(return_X_y=True)
+        x_train, x_test, y_train, y_test = train_test_split(x, y, test_size=0.2, random_state=0,
+                                                            stratify=y)
     flat = lambda x: x.reshape(len(x), -1).astype(np.uint8)
     return Dataset(flat(x_train), y_train.astype(np.int64), flat(x_test), y_test.astype(np.int64),
                    pixel_max=max(int(x_train.max()), 1))
