@@ -3,19 +3,19 @@
 What it teaches
     Today's form of "train alone, then meet": each worker takes H steps of its own AdamW, then a
     Sync-SGD round (its tokens, --step_timeout and --backup_workers carry over) applies the mean
-    of their changes on the ps with Nesterov momentum. Outer SGD at rate 1 makes it Local SGD.
+    of their changes on the ps with Nesterov momentum. At momentum 0 and rate 1: Local SGD.
 
 The update rule (round t; N workers aggregated; the global step counts rounds)
     worker k: local_params <- start <- global_params                                 # pull
               H times: local_params <- AdamW(local_params, grad L(local_params; next batch of k))
               send start - local_params, its outer gradient      # AdamW's moments stay on k
     the ps:   delta <- mean of the N outer gradients of round t
-              momentum <- outer_momentum * momentum + delta           # sgd: outer_momentum 0
+              momentum <- outer_momentum * momentum + delta
               global_params <- global_params - outer_lr * (delta + outer_momentum * momentum)
 
 Run it (by hand or with TF_CONFIG: as in ../Distributed-Setup; a round uses N * H of --steps)
     bash run.sh                                    # 1 ps + 2 workers on free localhost ports
-    bash run.sh --inner_optimizer sgd --learning_rate 0.1 --outer_optimizer sgd \
+    bash run.sh --inner_optimizer sgd --learning_rate 0.1 --outer_momentum 0 \
         --outer_learning_rate 1                    # Local SGD: model averaging
     Your own model: edit the sections marked "(replace with your own)", Data and Model.
 
@@ -43,13 +43,10 @@ def example_flags(parser):
     parser.add_argument("--inner_optimizer", default="adamw", choices=("adamw", "sgd"))
     parser.set_defaults(learning_rate=0.01)  # the inner optimizer's; AdamW's steps are larger
     parser.add_argument("--weight_decay", type=float, default=0.01, help="AdamW's, decoupled")
-    parser.add_argument("--outer_optimizer", default="nesterov", choices=("nesterov", "sgd"))
     parser.add_argument("--outer_learning_rate", type=float, default=0.7)
-    parser.add_argument("--outer_momentum", type=float, default=0.9, help="for nesterov")
-    parser.add_argument("--backup_workers", type=int, default=0,
-                        help="b: each round uses the first (workers - b) outer gradients")
-    parser.add_argument("--step_timeout", type=float, default=30,
-                        help="seconds a round may wait for the other workers before failing")
+    parser.add_argument("--outer_momentum", type=float, default=0.9, help="Nesterov's; 0: SGD")
+    parser.add_argument("--backup_workers", type=int, default=0, help="b: rounds need workers - b")
+    parser.add_argument("--step_timeout", type=float, default=30, help="seconds a round may wait")
 
 
 # --- Data (replace with your own) -----------------------------------------------------------------
@@ -118,68 +115,56 @@ def model_loss_and_accuracy(params, x, y):
 
 # --- The algorithm --------------------------------------------------------------------------------
 Diloco = collections.namedtuple("Diloco", "global_params local_params start inner_state "
-                                "global_step loss inner_step outer_step replicas_to_aggregate "
-                                "hook release_workers")
+                                "global_step loss inner_step outer_step hook release_workers")
 
 
 def build_diloco(args, cluster, x, y):
-    """DiLoCo's ops for this worker: inner_step, a step of the inner optimizer on local_params;
+    """This worker's ops: inner_step, a step of the inner optimizer on local_params alone;
     outer_step, a round, after which local_params and start hold the new global parameters."""
-    workers = len(cluster["worker"])
-    replicas_to_aggregate = workers - args.backup_workers
-    worker = "/job:worker/task:%d" % args.task_index
-    on_ps = tf.compat.v1.train.replica_device_setter(
-        cluster=tf.compat.v1.train.ClusterSpec(cluster), worker_device=worker)
-    with tf.compat.v1.device(on_ps):
+    workers, worker = len(cluster["worker"]), "/job:worker/task:%d" % args.task_index
+    with tf.compat.v1.device(tf.compat.v1.train.replica_device_setter(
+            cluster=tf.compat.v1.train.ClusterSpec(cluster), worker_device=worker)):
         global_step = tf.compat.v1.train.get_or_create_global_step()
         global_params = model_params(int(x.shape[1]), args.hidden, args.seed)
-        outer = (tf.compat.v1.train.GradientDescentOptimizer(args.outer_learning_rate)
-                 if args.outer_optimizer == "sgd" else tf.compat.v1.train.MomentumOptimizer(
-                     args.outer_learning_rate, args.outer_momentum, use_nesterov=True))
-        sync = tf.compat.v1.train.SyncReplicasOptimizer(
-            outer, replicas_to_aggregate=replicas_to_aggregate, total_num_replicas=workers)
-    with tf.compat.v1.device(worker):  # both copies start from the ps, once the chief has set it
-        local_params, start = (worker_variables(name, global_params, lambda p: p.read_value())
-                               for name in ("local", "start"))
-        loss = model_loss_and_accuracy(local_params, x, y)[0]
-        inner_step, inner_state = inner_optimizer(args, local_params, loss)
-        outer_gradients = [start[n].read_value() - p.read_value() for n, p in local_params.items()]
-    with tf.compat.v1.device(on_ps):
+        sync = tf.compat.v1.train.SyncReplicasOptimizer(tf.compat.v1.train.MomentumOptimizer(
+            args.outer_learning_rate, args.outer_momentum, use_nesterov=True),
+            replicas_to_aggregate=workers - args.backup_workers, total_num_replicas=workers)
+        with tf.compat.v1.device(worker):  # both copies start from the ps, once the chief set it
+            local_params, start = (worker_variables(name, global_params, lambda p: p.read_value())
+                                   for name in ("local", "start"))
+            loss = model_loss_and_accuracy(local_params, x, y)[0]
+            inner_step, inner_state = inner_optimizer(args, local_params, loss)
+            outer_gradients = [start[n] - p for n, p in local_params.items()]
         sent = sync.apply_gradients(list(zip(outer_gradients, global_params.values())),
                                     global_step=global_step)
-    with tf.compat.v1.device(worker), tf.control_dependencies([sent]):  # after the round: pull
-        pulled = {name: theta.read_value() for name, theta in global_params.items()}  # once
-        with tf.control_dependencies([copy[name].assign(pulled[name], read_value=False)
-                                      for copy in (local_params, start) for name in pulled]):
-            outer_step = tf.identity(sent)  # the token a round hands out: the new global step
+        with tf.compat.v1.device(worker), tf.control_dependencies([sent]):  # then the pull
+            with tf.control_dependencies([local_params[n].assign(start[n].assign(theta))
+                                          for n, theta in global_params.items()]):  # a read each
+                outer_step = tf.identity(sent)  # a round's token: the new global step
     release_workers = sync.get_init_tokens_op(workers) if args.task_index == 0 else None
-    hook = sync.make_session_run_hook(is_chief=args.task_index == 0, num_tokens=0)  # no head start
-    hook.begin()  # builds the chief's aggregation and the tokens: run by after_create_session
+    hook = sync.make_session_run_hook(is_chief=args.task_index == 0, num_tokens=0)
+    hook.begin()  # builds the chief's aggregation; num_tokens=0: no worker runs a round ahead
     return Diloco(global_params, local_params, start, inner_state, global_step, loss, inner_step,
-                  outer_step, replicas_to_aggregate, hook, release_workers)
+                  outer_step, hook, release_workers)
 
 
 def inner_optimizer(args, params, loss):
-    """One inner step (its value: the loss) and the optimizer's state, kept from round to round,
-    on this worker (TensorFlow's optimizers would put their slots on the ps). AdamW (Loshchilov,
-    Hutter, ICLR 2019) is Adam with weight decay on the parameters, not through the gradient."""
-    gradients = tf.gradients(loss, list(params.values()))
-    state, steps = {}, gradients  # sgd steps along the gradient
+    """One inner step (its value: the loss) and the optimizer's state, kept from round to round
+    on this worker. AdamW (Loshchilov and Hutter, ICLR 2019) is Adam (beta1 0.9, beta2 0.999)
+    with the weight decay applied to the parameters rather than added to the gradient."""
+    steps, state = dict(zip(params, tf.gradients(loss, list(params.values())))), {}  # sgd
     if args.inner_optimizer == "adamw":
-        beta1, beta2, epsilon = 0.9, 0.999, 1e-8
-        m = worker_variables("adam_m", params, lambda p: tf.zeros(p.shape))
-        v = worker_variables("adam_v", params, lambda p: tf.zeros(p.shape))
+        m, v = (worker_variables(name, params, tf.zeros_like) for name in ("adam_m", "adam_v"))
         t = worker_variables("adam", {"t": tf.constant(0.0)}, lambda zero: zero)["t"]
         state, t_next = {"m": m, "v": v, "t": t}, t.assign_add(1.0)
-        bias_correction = tf.sqrt(1 - beta2 ** t_next) / (1 - beta1 ** t_next)
-        steps = []
-        for (name, p), g in zip(params.items(), gradients):
-            m_next = m[name].assign(beta1 * m[name] + (1 - beta1) * g)
-            v_next = v[name].assign(beta2 * v[name] + (1 - beta2) * tf.square(g))
-            adam = bias_correction * m_next / (tf.sqrt(v_next) + epsilon)
-            steps.append(adam + args.weight_decay * p)
-    with tf.control_dependencies([p.assign_sub(args.learning_rate * step, read_value=False)
-                                  for p, step in zip(params.values(), steps)]):
+        bias_correction = tf.sqrt(1 - 0.999 ** t_next) / (1 - 0.9 ** t_next)
+        for n, g in steps.items():  # each gradient becomes its AdamW step
+            m_next = m[n].assign(0.9 * m[n] + 0.1 * g)
+            v_next = v[n].assign(0.999 * v[n] + 0.001 * tf.square(g))
+            steps[n] = (bias_correction * m_next / (tf.sqrt(v_next) + 1e-8)
+                        + args.weight_decay * params[n])
+    with tf.control_dependencies([params[n].assign_sub(args.learning_rate * step, read_value=False)
+                                  for n, step in steps.items()]):
         return tf.identity(loss, name="inner_step"), state
 
 
@@ -212,19 +197,19 @@ def train(args, cluster, server):
     x, y = training_batches(data, args.batch_size, args.task_index, len(cluster["worker"]),
                             args.seed)  # no device given: the pipeline runs on this worker
     diloco = build_diloco(args, cluster, x, y)
-    per_round = diloco.replicas_to_aggregate * args.inner_steps  # mini-batches a round uses
+    n = len(cluster["worker"]) - args.backup_workers  # N: the workers whose changes make a round
     log = TrainingLog(args, cluster, diloco.global_params, data, steps_per_update=args.inner_steps)
     session = log.start(server)
     diloco.hook.after_create_session(session, tf.compat.v1.train.Coordinator())
-    while log.step < -(-args.steps // per_round):  # the global step counts rounds
+    while log.step < -(-args.steps // (n * args.inner_steps)):  # the global step counts rounds
         for _ in range(args.inner_steps):  # on this worker alone: no network traffic
             loss = session.run(diloco.inner_step)
         log.after_update(session, loss, sync_round(session, diloco.outer_step, args, "round"))
     if log.is_chief:
-        session.run(diloco.release_workers)
-    return log.end(session, minibatches_per_update=per_round, inner_steps=args.inner_steps,
-                   inner_optimizer=args.inner_optimizer, outer_optimizer=args.outer_optimizer,
-                   replicas_to_aggregate=diloco.replicas_to_aggregate,
+        session.run(diloco.release_workers)  # one more token each: no worker waits forever
+    return log.end(session, minibatches_per_update=n * args.inner_steps,
+                   inner_steps=args.inner_steps, inner_optimizer=args.inner_optimizer,
+                   outer_momentum=args.outer_momentum, replicas_to_aggregate=n,
                    backup_workers=args.backup_workers)
 
 

@@ -50,9 +50,9 @@ def test_two_rounds_apply_the_mean_outer_gradient_with_nesterov_momentum_on_the_
                 np.testing.assert_array_equal(values(s, o.start)[name], after[name])
 
 
-def test_with_sgd_at_rate_one_on_the_ps_it_is_local_sgd_model_averaging():
-    ops, sessions = two_workers("--outer_optimizer", "sgd", "--outer_learning_rate", "1",
-                                "--outer_momentum", "0", "--inner_optimizer", "sgd")
+def test_at_momentum_zero_and_rate_one_on_the_ps_it_is_local_sgd_model_averaging():
+    ops, sessions = two_workers("--outer_learning_rate", "1", "--outer_momentum", "0",
+                                "--inner_optimizer", "sgd")
     _, local, after = one_round(ops, sessions)
     for name, value in after.items():
         np.testing.assert_allclose(value, (local[0][name] + local[1][name]) / 2,
@@ -123,7 +123,7 @@ def test_diloco_reaches_the_bar_in_rounds_of_h_steps_of_every_worker(tmp_path_fa
     # 2000 mini-batches, 2 workers x H = 10 a round
     summary = assert_every_worker_in_every_round(run_with_defaults("DiLoCo", tmp_path_factory),
                                                  rounds=100, steps_per_round=10)
-    assert summary["inner_optimizer"] == "adamw" and summary["outer_optimizer"] == "nesterov"
+    assert summary["inner_optimizer"] == "adamw" and summary["outer_momentum"] == "0.9"
 
 
 def test_without_backup_workers_a_killed_worker_stops_the_rest_with_a_clear_error(tmp_path):
