@@ -138,10 +138,9 @@ def build_adag(args, cluster, x, y):
                                   in zip(global_params.values(), normalised_change)]):
         push = global_step.assign_add(1)
 
-    def copy_global_to_local():  # one read per parameter, so local and pulled are the same
-        values = {name: theta.read_value() for name, theta in global_params.items()}
-        return tf.group(*[copy[n].assign(values[n], read_value=False)
-                          for copy in (local_params, pulled_params) for n in values])
+    def copy_global_to_local():  # one read per parameter: pulled <- global, then local <- pulled
+        return tf.group(*[local_params[n].assign(pulled_params[n].assign(theta), read_value=False)
+                          for n, theta in global_params.items()])
     pull = copy_global_to_local()
     with tf.control_dependencies([push]), tf.control_dependencies([copy_global_to_local()]):
         push_and_pull = tf.identity(push)  # the second copy is built after the push: it waits
@@ -163,7 +162,7 @@ def worker_variables(prefix, like, initial_value):
 def count_staleness(log, update, pulled_at=None):
     """update (its value: the global step it made), also adding up on the ps how many updates of
     others landed since this worker pulled: at the global step pulled_at (read in the same step),
-    or else at its previous update. It costs no traffic. Returns the update and the sum."""
+    or else at its previous update. It costs no traffic. Returns the update and the mean."""
     with tf.compat.v1.device("/job:worker/task:%d" % log.args.task_index):
         last_update = tf.compat.v1.Variable(log.global_step.read_value(), trainable=False,
                                             collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES])
@@ -171,8 +170,9 @@ def count_staleness(log, update, pulled_at=None):
         staleness_sum = tf.compat.v1.Variable(np.int64(0), trainable=False, name="staleness")
         counted = staleness_sum.assign_add(update - 1 - (
             last_update if pulled_at is None else pulled_at))
+        mean = staleness_sum / tf.maximum(log.global_step, 1)  # int64 / int64: a float64
     with tf.compat.v1.control_dependencies([counted]):
-        return last_update.assign(update), staleness_sum
+        return last_update.assign(update), mean
 # <<< shared: staleness
 
 
@@ -183,14 +183,14 @@ def train(args, cluster, server):
                             args.seed)  # no device given: the pipeline runs on this worker
     adag = build_adag(args, cluster, x, y)
     log = TrainingLog(args, cluster, adag.global_params, data, steps_per_update=args.window)
-    push_and_pull, staleness = count_staleness(log, adag.push_and_pull)
+    push_and_pull, mean_staleness = count_staleness(log, adag.push_and_pull)
     session = log.start(server)
     while log.step < -(-args.steps // args.window):  # the global step counts pushes
         for _ in range(args.window):  # on this worker alone: no network traffic
             loss = session.run(adag.local_step)
         log.after_update(session, loss, session.run(push_and_pull))
     return log.end(session, minibatches_per_update=args.window, window=args.window,
-                   mean_staleness=lambda s: session.run(staleness) / max(s["global_step"], 1))
+                   mean_staleness=mean_staleness)
 
 
 def main(argv=None):
@@ -322,9 +322,10 @@ def cause(error):  # the line of a TensorFlow error that says what went wrong, n
 
 def is_listening(address):
     try:
-        return socket.create_connection(address.rsplit(":", 1), timeout=1).close() or True
+        socket.create_connection(address.rsplit(":", 1), timeout=1).close()
     except OSError:
         return False
+    return True
 
 
 def wait_for(condition, seconds=float("inf")):
@@ -412,7 +413,7 @@ class TrainingLog(object):
         return accuracy
 
     def end(self, session, minibatches_per_update=1, **extra):
-        """Leave; the chief waits for the others and reports (extra: values, or functions of it)."""
+        """Leave; the chief waits for the others and reports (extra: values, tensors, functions)."""
         seconds = time.time() - self.clock[1]
         session.run(self.write_entry, {self.entry: [self.local_steps]})
         if self.is_chief:
@@ -428,7 +429,8 @@ class TrainingLog(object):
                            global_step=step, workers=len(left), ps=len(self.cluster["ps"]),
                            lost_workers=len(lost), local_steps=left, updates=step - self.start_step,
                            steps_per_sec=rate, examples_per_sec=rate * self.args.batch_size)
-            summary.update((k, v(summary) if callable(v) else v) for k, v in extra.items())
+            summary.update((k, float(session.run(v)) if tf.is_tensor(v) else v(summary) if
+                            callable(v) else v) for k, v in extra.items())
             if lost:
                 print("[worker0] worker(s) %s failed or were lost" % ",".join(map(str, lost)))
             print("[worker0] summary " + " ".join("%s=%s" % (k, ",".join(map(str, v)) if isinstance(

@@ -319,9 +319,10 @@ def cause(error):  # the line of a TensorFlow error that says what went wrong, n
 
 def is_listening(address):
     try:
-        return socket.create_connection(address.rsplit(":", 1), timeout=1).close() or True
+        socket.create_connection(address.rsplit(":", 1), timeout=1).close()
     except OSError:
         return False
+    return True
 
 
 def wait_for(condition, seconds=float("inf")):
@@ -409,7 +410,7 @@ class TrainingLog(object):
         return accuracy
 
     def end(self, session, minibatches_per_update=1, **extra):
-        """Leave; the chief waits for the others and reports (extra: values, or functions of it)."""
+        """Leave; the chief waits for the others and reports (extra: values, tensors, functions)."""
         seconds = time.time() - self.clock[1]
         session.run(self.write_entry, {self.entry: [self.local_steps]})
         if self.is_chief:
@@ -425,7 +426,8 @@ class TrainingLog(object):
                            global_step=step, workers=len(left), ps=len(self.cluster["ps"]),
                            lost_workers=len(lost), local_steps=left, updates=step - self.start_step,
                            steps_per_sec=rate, examples_per_sec=rate * self.args.batch_size)
-            summary.update((k, v(summary) if callable(v) else v) for k, v in extra.items())
+            summary.update((k, float(session.run(v)) if tf.is_tensor(v) else v(summary) if
+                            callable(v) else v) for k, v in extra.items())
             if lost:
                 print("[worker0] worker(s) %s failed or were lost" % ",".join(map(str, lost)))
             print("[worker0] summary " + " ".join("%s=%s" % (k, ",".join(map(str, v)) if isinstance(

@@ -128,12 +128,11 @@ def build_downpour(args, cluster, x, y):
         restart = [a.assign(tf.zeros(a.shape), read_value=False) for a in accumulated.values()]
     with tf.control_dependencies(restart):  # the global step counts a push once it is done
         push = global_step.assign_add(1)
-    pairs = list(zip(local_params.values(), global_params.values()))
-    pull = tf.group(*[local.assign(p.read_value(), read_value=False) for local, p in pairs])
-    with tf.control_dependencies([push]):  # so that these reads of global_params see the push
-        pulled = [local.assign(p.read_value(), read_value=False) for local, p in pairs]
-    with tf.control_dependencies(pulled):
-        push_and_pull = tf.identity(push)
+    def copy_global_to_local():  # one read of the ps per parameter
+        return tf.group(*[local_params[n].assign(theta) for n, theta in global_params.items()])
+    pull = copy_global_to_local()
+    with tf.control_dependencies([push]), tf.control_dependencies([copy_global_to_local()]):
+        push_and_pull = tf.identity(push)  # the second copy is built after the push: it waits
     return Downpour(global_params, local_params, accumulated, global_step, loss, local_step, push,
                     pull, push_and_pull)
 
@@ -162,7 +161,7 @@ def local_optimizer(args, local_params, gradients):
 def count_staleness(log, update, pulled_at=None):
     """update (its value: the global step it made), also adding up on the ps how many updates of
     others landed since this worker pulled: at the global step pulled_at (read in the same step),
-    or else at its previous update. It costs no traffic. Returns the update and the sum."""
+    or else at its previous update. It costs no traffic. Returns the update and the mean."""
     with tf.compat.v1.device("/job:worker/task:%d" % log.args.task_index):
         last_update = tf.compat.v1.Variable(log.global_step.read_value(), trainable=False,
                                             collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES])
@@ -170,8 +169,9 @@ def count_staleness(log, update, pulled_at=None):
         staleness_sum = tf.compat.v1.Variable(np.int64(0), trainable=False, name="staleness")
         counted = staleness_sum.assign_add(update - 1 - (
             last_update if pulled_at is None else pulled_at))
+        mean = staleness_sum / tf.maximum(log.global_step, 1)  # int64 / int64: a float64
     with tf.compat.v1.control_dependencies([counted]):
-        return last_update.assign(update), staleness_sum
+        return last_update.assign(update), mean
 # <<< shared: staleness
 
 
@@ -182,7 +182,7 @@ def train(args, cluster, server):
                             args.seed)  # no device given: the pipeline runs on this worker
     downpour = build_downpour(args, cluster, x, y)
     log = TrainingLog(args, cluster, downpour.global_params, data, steps_per_update=args.window)
-    push_and_pull, staleness = count_staleness(log, downpour.push_and_pull)
+    push_and_pull, mean_staleness = count_staleness(log, downpour.push_and_pull)
     session = log.start(server)
     while log.step < -(-args.steps // args.window):  # the global step counts pushes
         for _ in range(args.window):  # on this worker alone: no network traffic
@@ -190,7 +190,7 @@ def train(args, cluster, server):
         log.after_update(session, loss, session.run(push_and_pull))
     return log.end(session, minibatches_per_update=args.window, window=args.window,
                    local_optimizer=args.local_optimizer, ps_optimizer=args.ps_optimizer,
-                   mean_staleness=lambda s: session.run(staleness) / max(s["global_step"], 1))
+                   mean_staleness=mean_staleness)
 
 
 def main(argv=None):
@@ -322,9 +322,10 @@ def cause(error):  # the line of a TensorFlow error that says what went wrong, n
 
 def is_listening(address):
     try:
-        return socket.create_connection(address.rsplit(":", 1), timeout=1).close() or True
+        socket.create_connection(address.rsplit(":", 1), timeout=1).close()
     except OSError:
         return False
+    return True
 
 
 def wait_for(condition, seconds=float("inf")):
@@ -412,7 +413,7 @@ class TrainingLog(object):
         return accuracy
 
     def end(self, session, minibatches_per_update=1, **extra):
-        """Leave; the chief waits for the others and reports (extra: values, or functions of it)."""
+        """Leave; the chief waits for the others and reports (extra: values, tensors, functions)."""
         seconds = time.time() - self.clock[1]
         session.run(self.write_entry, {self.entry: [self.local_steps]})
         if self.is_chief:
@@ -428,7 +429,8 @@ class TrainingLog(object):
                            global_step=step, workers=len(left), ps=len(self.cluster["ps"]),
                            lost_workers=len(lost), local_steps=left, updates=step - self.start_step,
                            steps_per_sec=rate, examples_per_sec=rate * self.args.batch_size)
-            summary.update((k, v(summary) if callable(v) else v) for k, v in extra.items())
+            summary.update((k, float(session.run(v)) if tf.is_tensor(v) else v(summary) if
+                            callable(v) else v) for k, v in extra.items())
             if lost:
                 print("[worker0] worker(s) %s failed or were lost" % ",".join(map(str, lost)))
             print("[worker0] summary " + " ".join("%s=%s" % (k, ",".join(map(str, v)) if isinstance(

@@ -119,11 +119,9 @@ DynSgd = collections.namedtuple("DynSgd", "global_params local_params pulled_par
 
 
 def build_dynsgd(args, cluster, x, y):
-    """DynSGD's ops for this worker, on the mini-batch stream (x, y). local_step: one SGD step on
-    local_params, on this worker. push: global_params += (local_params - pulled_params) /
-    (staleness + 1) on the ps, counted in global_step (its value) and in staleness_sum. pull:
-    local_params, pulled_params <- global_params; pulled_at[k] <- global_step. push_and_pull:
-    both, in one session run; its value is the global step."""
+    """DynSGD's ops for this worker (the update rule above): local_step, an SGD step here; push,
+    the change over staleness + 1 on the ps (its value: the global step; staleness_sum adds
+    the staleness up); pull, which also notes pulled_at; push_and_pull, both in one run."""
     k, worker = args.task_index, "/job:worker/task:%d" % args.task_index
     with tf.compat.v1.device(tf.compat.v1.train.replica_device_setter(
             cluster=cluster, worker_device=worker)):
@@ -183,14 +181,15 @@ def train(args, cluster, server):
                             args.seed)  # no device given: the pipeline runs on this worker
     dynsgd = build_dynsgd(args, cluster, x, y)
     log = TrainingLog(args, cluster, dynsgd.global_params, data, steps_per_update=args.window)
+    mean_staleness = dynsgd.staleness_sum / tf.maximum(dynsgd.global_step, 1)  # for the summary
     session = log.start(server)
     session.run(dynsgd.pull)  # the first pull: the ps notes its clock
     while log.step < -(-args.steps // args.window):  # the global step counts pushes
         for _ in range(args.window):  # on this worker alone: no network traffic
             loss = session.run(dynsgd.local_step)
         log.after_update(session, loss, session.run(dynsgd.push_and_pull))
-    return log.end(session, minibatches_per_update=args.window, window=args.window, mean_staleness=
-                   lambda s: session.run(dynsgd.staleness_sum) / max(s["global_step"], 1))
+    return log.end(session, minibatches_per_update=args.window, window=args.window,
+                   mean_staleness=mean_staleness)
 
 
 def main(argv=None):
@@ -322,9 +321,10 @@ def cause(error):  # the line of a TensorFlow error that says what went wrong, n
 
 def is_listening(address):
     try:
-        return socket.create_connection(address.rsplit(":", 1), timeout=1).close() or True
+        socket.create_connection(address.rsplit(":", 1), timeout=1).close()
     except OSError:
         return False
+    return True
 
 
 def wait_for(condition, seconds=float("inf")):
@@ -412,7 +412,7 @@ class TrainingLog(object):
         return accuracy
 
     def end(self, session, minibatches_per_update=1, **extra):
-        """Leave; the chief waits for the others and reports (extra: values, or functions of it)."""
+        """Leave; the chief waits for the others and reports (extra: values, tensors, functions)."""
         seconds = time.time() - self.clock[1]
         session.run(self.write_entry, {self.entry: [self.local_steps]})
         if self.is_chief:
@@ -428,7 +428,8 @@ class TrainingLog(object):
                            global_step=step, workers=len(left), ps=len(self.cluster["ps"]),
                            lost_workers=len(lost), local_steps=left, updates=step - self.start_step,
                            steps_per_sec=rate, examples_per_sec=rate * self.args.batch_size)
-            summary.update((k, v(summary) if callable(v) else v) for k, v in extra.items())
+            summary.update((k, float(session.run(v)) if tf.is_tensor(v) else v(summary) if
+                            callable(v) else v) for k, v in extra.items())
             if lost:
                 print("[worker0] worker(s) %s failed or were lost" % ",".join(map(str, lost)))
             print("[worker0] summary " + " ".join("%s=%s" % (k, ",".join(map(str, v)) if isinstance(

@@ -140,7 +140,7 @@ def build_hogwild(args, cluster, x, y):
 def count_staleness(log, update, pulled_at=None):
     """update (its value: the global step it made), also adding up on the ps how many updates of
     others landed since this worker pulled: at the global step pulled_at (read in the same step),
-    or else at its previous update. It costs no traffic. Returns the update and the sum."""
+    or else at its previous update. It costs no traffic. Returns the update and the mean."""
     with tf.compat.v1.device("/job:worker/task:%d" % log.args.task_index):
         last_update = tf.compat.v1.Variable(log.global_step.read_value(), trainable=False,
                                             collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES])
@@ -148,8 +148,9 @@ def count_staleness(log, update, pulled_at=None):
         staleness_sum = tf.compat.v1.Variable(np.int64(0), trainable=False, name="staleness")
         counted = staleness_sum.assign_add(update - 1 - (
             last_update if pulled_at is None else pulled_at))
+        mean = staleness_sum / tf.maximum(log.global_step, 1)  # int64 / int64: a float64
     with tf.compat.v1.control_dependencies([counted]):
-        return last_update.assign(update), staleness_sum
+        return last_update.assign(update), mean
 # <<< shared: staleness
 
 
@@ -160,12 +161,11 @@ def train(args, cluster, server):
                             args.seed)  # no device given: the pipeline runs on this worker
     hogwild = build_hogwild(args, cluster, x, y)
     log = TrainingLog(args, cluster, hogwild.global_params, data)
-    step, staleness = count_staleness(log, hogwild.step, hogwild.global_step.read_value())
+    step, mean_staleness = count_staleness(log, hogwild.step, hogwild.global_step.read_value())
     session = log.start(server)
     while log.step < args.steps:  # no barrier: each worker stops once it sees --steps reached
         log.after_update(session, *session.run([hogwild.loss, step]))
-    return log.end(session, mean_staleness=lambda summary: session.run(staleness) / max(
-        summary["global_step"], 1))
+    return log.end(session, mean_staleness=mean_staleness)
 
 
 def main(argv=None):
@@ -297,9 +297,10 @@ def cause(error):  # the line of a TensorFlow error that says what went wrong, n
 
 def is_listening(address):
     try:
-        return socket.create_connection(address.rsplit(":", 1), timeout=1).close() or True
+        socket.create_connection(address.rsplit(":", 1), timeout=1).close()
     except OSError:
         return False
+    return True
 
 
 def wait_for(condition, seconds=float("inf")):
@@ -387,7 +388,7 @@ class TrainingLog(object):
         return accuracy
 
     def end(self, session, minibatches_per_update=1, **extra):
-        """Leave; the chief waits for the others and reports (extra: values, or functions of it)."""
+        """Leave; the chief waits for the others and reports (extra: values, tensors, functions)."""
         seconds = time.time() - self.clock[1]
         session.run(self.write_entry, {self.entry: [self.local_steps]})
         if self.is_chief:
@@ -403,7 +404,8 @@ class TrainingLog(object):
                            global_step=step, workers=len(left), ps=len(self.cluster["ps"]),
                            lost_workers=len(lost), local_steps=left, updates=step - self.start_step,
                            steps_per_sec=rate, examples_per_sec=rate * self.args.batch_size)
-            summary.update((k, v(summary) if callable(v) else v) for k, v in extra.items())
+            summary.update((k, float(session.run(v)) if tf.is_tensor(v) else v(summary) if
+                            callable(v) else v) for k, v in extra.items())
             if lost:
                 print("[worker0] worker(s) %s failed or were lost" % ",".join(map(str, lost)))
             print("[worker0] summary " + " ".join("%s=%s" % (k, ",".join(map(str, v)) if isinstance(
