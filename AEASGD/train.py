@@ -3,17 +3,17 @@
 What it teaches
     A different contract between a worker and the ps. In DOWNPOUR and ADAG a worker throws its
     own parameters away at every pull; here it never copies the ps at all. Each worker trains its
-    own parameters (local_params) for tau mini-batches, then makes an elastic exchange with the
-    centre variable on the ps: both move towards each other by alpha times their difference,
-    the worker losing exactly what the centre gains. The workers explore on their own, held
-    together by that elastic force; the centre is a moving average of where they have been, and
-    it is what the chief evaluates and checkpoints. Asynchronous: no barrier, each worker
-    exchanges when its own tau steps are done.
+    own parameters (local_params) for a window of mini-batches (the paper's tau), then makes an
+    elastic exchange with the centre variable on the ps: both move towards each other by alpha
+    times their difference, the worker losing exactly what the centre gains. The workers explore
+    on their own, held together by that elastic force; the centre is a moving average of where
+    they have been, and it is what the chief evaluates and checkpoints. Asynchronous: no
+    barrier, each worker exchanges when its own window is done.
 
 The update rule (worker k; the global step counts exchanges)
     local_params <- centre                                  # once, when the worker starts
     repeat:
-        tau times:                                          # on the worker, no network
+        window times:                                       # on the worker, no network
             g <- grad L(local_params; next mini-batch of k)
             local_params <- local_params - learning_rate * g
         exchange:                                           # one round trip to the ps
@@ -26,16 +26,16 @@ The update rule (worker k; the global step counts exchanges)
 
 Run it
     bash run.sh                                    # 1 ps + 2 workers on free localhost ports
-    NUM_WORKERS=4 bash run.sh --tau 16 --alpha 0.2
+    NUM_WORKERS=4 bash run.sh --window 16 --alpha 0.2
     By hand or with TF_CONFIG: as in ../Distributed-Setup. --steps counts the mini-batches of
-    all workers, as in every example: training stops once the global step reaches steps/tau.
+    all workers, as in every example: training stops once the global step reaches steps/window.
 
 Use your own model: edit the sections marked "(replace with your own)", Data and Model.
 
 References
     S. Zhang, A. Choromanska, Y. LeCun, "Deep learning with Elastic Averaging SGD", NIPS 2015,
     arXiv:1412.6651, Algorithm 1 (the exchange comes before the gradient step there; here the
-    tau steps come first, so the centre's last exchange lands before training ends).
+    window's steps come first, so the centre's last exchange lands before training ends).
 """
 import argparse
 import collections
@@ -55,7 +55,7 @@ def example_flags(parser):
     # each exchange gives back alpha of what a worker gained since the last one: a longer local
     # step than plain SGD's 0.1 makes up for it (see README.md for the measurement)
     parser.set_defaults(learning_rate=0.2)
-    parser.add_argument("--tau", type=int, default=8,
+    parser.add_argument("--window", type=int, default=8,
                         help="local mini-batch steps between two elastic exchanges")
     parser.add_argument("--alpha", type=float, default=0.3,
                         help="elastic moving rate (the paper's eta * rho): the fraction of the "
@@ -181,13 +181,14 @@ def train(args, cluster, server):
     x, y = training_batches(data, args.batch_size, args.task_index, len(cluster["worker"]),
                             args.seed)  # no device given: the pipeline runs on this worker
     aeasgd = build_aeasgd(args, cluster, x, y)
-    log = TrainingLog(args, cluster, aeasgd.centre, data, steps_per_update=args.tau)
+    log = TrainingLog(args, cluster, aeasgd.centre, data, steps_per_update=args.window)
     session = log.start(server)
-    while log.step < -(-args.steps // args.tau):  # the global step counts exchanges
-        for _ in range(args.tau):  # on this worker alone: no network traffic
+    while log.step < -(-args.steps // args.window):  # the global step counts exchanges
+        for _ in range(args.window):  # on this worker alone: no network traffic
             loss = session.run(aeasgd.local_step)
         log.after_update(session, loss, session.run(aeasgd.exchange))
-    return log.end(session, minibatches_per_update=args.tau, tau=args.tau, alpha=args.alpha)
+    return log.end(session, minibatches_per_update=args.window, window=args.window,
+                   alpha=args.alpha)
 
 
 def main(argv=None):

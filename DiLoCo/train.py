@@ -39,7 +39,7 @@ EXAMPLE = "DiLoCo"
 
 
 def example_flags(parser):
-    parser.add_argument("--inner_steps", type=int, default=10, help="H: inner steps per round")
+    parser.add_argument("--window", type=int, default=10, help="H: inner steps per round")
     parser.add_argument("--inner_optimizer", default="adamw", choices=("adamw", "sgd"))
     parser.set_defaults(learning_rate=0.01)  # the inner optimizer's; AdamW's steps are larger
     parser.add_argument("--weight_decay", type=float, default=0.01, help="AdamW's, decoupled")
@@ -198,17 +198,17 @@ def train(args, cluster, server):
                             args.seed)  # no device given: the pipeline runs on this worker
     diloco = build_diloco(args, cluster, x, y)
     n = len(cluster["worker"]) - args.backup_workers  # N: the workers whose changes make a round
-    log = TrainingLog(args, cluster, diloco.global_params, data, steps_per_update=args.inner_steps)
+    log = TrainingLog(args, cluster, diloco.global_params, data, steps_per_update=args.window)
     session = log.start(server)
     diloco.hook.after_create_session(session, tf.compat.v1.train.Coordinator())
-    while log.step < -(-args.steps // (n * args.inner_steps)):  # the global step counts rounds
-        for _ in range(args.inner_steps):  # on this worker alone: no network traffic
+    while log.step < -(-args.steps // (n * args.window)):  # the global step counts rounds
+        for _ in range(args.window):  # on this worker alone: no network traffic
             loss = session.run(diloco.inner_step)
         log.after_update(session, loss, sync_round(session, diloco.outer_step, args, "round"))
     if log.is_chief:
         session.run(diloco.release_workers)  # one more token each: no worker waits forever
-    return log.end(session, minibatches_per_update=n * args.inner_steps,
-                   inner_steps=args.inner_steps, inner_optimizer=args.inner_optimizer,
+    return log.end(session, minibatches_per_update=n * args.window,
+                   window=args.window, inner_optimizer=args.inner_optimizer,
                    outer_momentum=args.outer_momentum, replicas_to_aggregate=n,
                    backup_workers=args.backup_workers)
 

@@ -2,7 +2,7 @@
 
 What it teaches
     How a local optimizer with state fits into elastic averaging. It is AEASGD (../AEASGD), the
-    same elastic exchange with the centre variable every tau mini-batches, but each worker
+    same elastic exchange with the centre variable every window of mini-batches, but each worker
     trains its own parameters with Nesterov momentum. The velocity is the worker's alone: it
     lives on the worker, never crosses the network, and the exchange moves the parameters only,
     so the worker keeps its momentum through every exchange. In the paper this was the fastest
@@ -11,7 +11,7 @@ What it teaches
 The update rule (worker k; the global step counts exchanges)
     local_params <- centre;  velocity <- 0                  # once, when the worker starts
     repeat:
-        tau times:                                          # on the worker, no network
+        window times:                                       # on the worker, no network
             g <- grad L(local_params + momentum * velocity; next mini-batch of k)  # look ahead
             velocity     <- momentum * velocity - learning_rate * g
             local_params <- local_params + velocity
@@ -24,8 +24,8 @@ The update rule (worker k; the global step counts exchanges)
 
 Run it
     bash run.sh                                    # 1 ps + 2 workers on free localhost ports
-    NUM_WORKERS=4 bash run.sh --tau 16 --momentum 0.99 --learning_rate 0.005
-    By hand or with TF_CONFIG: as in ../Distributed-Setup. Training stops at steps / tau.
+    NUM_WORKERS=4 bash run.sh --window 16 --momentum 0.99 --learning_rate 0.005
+    By hand or with TF_CONFIG: as in ../Distributed-Setup. Training stops at steps / window.
 
 Use your own model: edit the sections marked "(replace with your own)", Data and Model.
 
@@ -51,7 +51,7 @@ EXAMPLE = "EAMSGD"
 
 
 def example_flags(parser):
-    parser.add_argument("--tau", type=int, default=8,
+    parser.add_argument("--window", type=int, default=8,
                         help="local mini-batch steps between two elastic exchanges")
     parser.add_argument("--alpha", type=float, default=0.3,
                         help="elastic moving rate (the paper's eta * rho): the fraction of the "
@@ -183,14 +183,14 @@ def train(args, cluster, server):
     x, y = training_batches(data, args.batch_size, args.task_index, len(cluster["worker"]),
                             args.seed)  # no device given: the pipeline runs on this worker
     eamsgd = build_eamsgd(args, cluster, x, y)
-    log = TrainingLog(args, cluster, eamsgd.centre, data, steps_per_update=args.tau)
+    log = TrainingLog(args, cluster, eamsgd.centre, data, steps_per_update=args.window)
     session = log.start(server)
-    while log.step < -(-args.steps // args.tau):  # the global step counts exchanges
-        for _ in range(args.tau):  # on this worker alone: no network traffic
+    while log.step < -(-args.steps // args.window):  # the global step counts exchanges
+        for _ in range(args.window):  # on this worker alone: no network traffic
             loss = session.run(eamsgd.local_step)
         log.after_update(session, loss, session.run(eamsgd.exchange))
-    return log.end(session, minibatches_per_update=args.tau, tau=args.tau, alpha=args.alpha,
-                   momentum=args.momentum)
+    return log.end(session, minibatches_per_update=args.window, window=args.window,
+                   alpha=args.alpha, momentum=args.momentum)
 
 
 def main(argv=None):

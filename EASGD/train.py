@@ -1,9 +1,9 @@
 """EASGD: synchronous elastic averaging; the centre moves towards the workers' mean every round.
 
-What it teaches: elastic averaging in lockstep. Every tau mini-batches, each worker's own
+What it teaches: elastic averaging in lockstep. Every window of mini-batches, each worker's own
 local_params and the centre variable on the ps pull towards each other in a Sync-SGD round.
-The update rule (round t: N workers aggregated, N * tau of --steps; the global step counts rounds):
-    worker k: local_params <- centre, once; each round, after tau SGD steps on its own batches,
+The update rule (round t: N workers aggregated, N * window of --steps; one global step a round):
+    worker k: local_params <- centre, once; each round, after window SGD steps on its own batches,
         d_k <- local_params - centre_t;  local_params <- local_params - alpha * d_k;  send -d_k
     the ps: centre_{t+1} <- centre_t - beta * mean of the -d_k = centre_t + alpha * sum of d_k
           = (1 - beta) * centre_t + beta * mean of the N workers,       beta = N * alpha <= 1
@@ -29,7 +29,7 @@ EXAMPLE = "EASGD"
 
 def example_flags(parser):
     parser.set_defaults(learning_rate=0.2)  # larger: each round takes back alpha of the progress
-    parser.add_argument("--tau", type=int, default=8,
+    parser.add_argument("--window", type=int, default=8,
                         help="local mini-batch steps between two rounds")
     parser.add_argument("--alpha", type=float, default=None,
                         help="elastic moving rate (the paper's eta * rho), at most 1/N; the centre "
@@ -170,17 +170,18 @@ def train(args, cluster, server):
                             args.seed)  # no device given: the pipeline runs on this worker
     easgd = build_easgd(args, cluster, x, y)
     n = easgd.replicas_to_aggregate
-    log = TrainingLog(args, cluster, easgd.centre, data, steps_per_update=args.tau)
+    log = TrainingLog(args, cluster, easgd.centre, data, steps_per_update=args.window)
     session = log.start(server)
     easgd.hook.after_create_session(session, tf.compat.v1.train.Coordinator())
-    while log.step < -(-args.steps // (n * args.tau)):  # the global step counts rounds
-        for _ in range(args.tau):  # on this worker alone: no network traffic
+    while log.step < -(-args.steps // (n * args.window)):  # the global step counts rounds
+        for _ in range(args.window):  # on this worker alone: no network traffic
             loss = session.run(easgd.local_step)
         log.after_update(session, loss, sync_round(session, easgd.exchange, args, "round"))
     if log.is_chief:
         session.run(easgd.release_workers)  # one more token each: no worker waits forever
-    return log.end(session, minibatches_per_update=n * args.tau, tau=args.tau, alpha=args.alpha,
-                   beta=args.alpha * n, replicas_to_aggregate=n, backup_workers=args.backup_workers)
+    return log.end(session, minibatches_per_update=n * args.window, window=args.window,
+                   alpha=args.alpha, beta=args.alpha * n, replicas_to_aggregate=n,
+                   backup_workers=args.backup_workers)
 
 
 def main(argv=None):

@@ -262,18 +262,17 @@ def assert_trained_to_the_bar(run, workers):
     assert "[run.sh] all processes finished" in run.output
 
 
-def assert_one_push_per_window(run, window, steps, name="window"):
-    """DOWNPOUR, ADAG, DynSGD (and the elastic exchanges of AEASGD and EAMSGD, every tau local
-    steps): each worker pushes once per whole window of local steps."""
+def assert_one_push_per_window(run, window, steps):
+    """DOWNPOUR, ADAG, DynSGD (and the elastic exchanges of AEASGD and EAMSGD, every window of
+    local steps): each worker pushes once per whole window of local steps."""
     summary = run.summary()
     local_steps = [int(s) for s in summary["local_steps"].split(",")]
-    assert int(summary[name]) == window, summary
+    assert int(summary["window"]) == window, summary
     assert all(s > 0 and s % window == 0 for s in local_steps), local_steps
     assert int(summary["global_step"]) == sum(local_steps) // window
     # --steps counts mini-batches of all workers, so steps / window pushes, and a little more:
-    # StopAtStepHook reads the global step in the same session run as the push, so a worker
-    # whose read came before the last push sees the end one push late. Each worker may then
-    # push once while the last push is in flight and once more after it (at most 2N - 1 extra).
+    # a worker stops once the global step its own push returned reaches the end, so one whose
+    # push landed before the last one pushes once more (the bound allows up to 2N - 1 extra).
     extra = 2 * int(summary["workers"]) - 1
     assert steps // window <= int(summary["global_step"]) <= steps // window + extra
 

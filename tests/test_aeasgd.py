@@ -1,5 +1,5 @@
-"""AEASGD: every tau local steps, a worker and the centre move towards each other by alpha times
-their difference, asynchronously."""
+"""AEASGD: after every window of local steps, a worker and the centre move towards each other by
+alpha times their difference, asynchronously."""
 
 import numpy as np
 import pytest
@@ -12,12 +12,12 @@ from conftest import (assert_a_killed_worker_does_not_hang_the_others, assert_on
 aeasgd = load_train_module("AEASGD")
 
 
-def exchange_once(alpha, tau=3):
-    """tau local steps and one exchange on a fixed batch: (local, centre) before and after."""
+def exchange_once(alpha, window=3):
+    """A window of local steps and one exchange on a fixed batch: (local, centre) before, after."""
     cluster, (worker,) = in_process_cluster()
-    args = flags(aeasgd, "--tau", str(tau), "--alpha", str(alpha))
+    args = flags(aeasgd, "--window", str(window), "--alpha", str(alpha))
     ops, s = one_worker_session(aeasgd.build_aeasgd, args, cluster, worker)
-    for _ in range(tau):
+    for _ in range(window):
         s.run(ops.local_step)
     before = values(s, ops.local_params), values(s, ops.centre)
     assert s.run(ops.exchange) == 1  # the global step counts exchanges
@@ -77,8 +77,8 @@ def test_aeasgd_reaches_the_accuracy_bar_with_its_defaults(default_run):
     assert float(default_run.summary()["alpha"]) == 0.3
 
 
-def test_aeasgd_exchanges_once_every_tau_local_steps_per_worker(default_run):
-    assert_one_push_per_window(default_run, window=8, steps=2000, name="tau")
+def test_aeasgd_exchanges_once_every_window_of_local_steps_per_worker(default_run):
+    assert_one_push_per_window(default_run, window=8, steps=2000)
 
 
 def test_aeasgd_a_worker_killed_mid_run_does_not_hang_the_others(tmp_path):

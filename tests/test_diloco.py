@@ -10,17 +10,17 @@ from conftest import (all_at_once, assert_a_backup_worker_covers_a_lost_one,
 diloco = load_train_module("DiLoCo")
 
 
-def two_workers(*extra, inner_steps=3):
+def two_workers(*extra, window=3):
     return sync_workers(diloco.build_diloco, [
-        flags(diloco, "--task_index", str(k), "--inner_steps", str(inner_steps), *extra)
+        flags(diloco, "--task_index", str(k), "--window", str(window), *extra)
         for k in (0, 1)])
 
 
-def one_round(ops, sessions, inner_steps=3):
+def one_round(ops, sessions, window=3):
     """Each worker's inner steps, then the round. Returns the global parameters before, the
     workers' parameters just before the round, and the global parameters after."""
     for s, o in zip(sessions, ops):
-        for _ in range(inner_steps):
+        for _ in range(window):
             s.run(o.inner_step)
     before = values(sessions[0], ops[0].global_params)
     local = [values(s, o.local_params) for s, o in zip(sessions, ops)]

@@ -14,7 +14,7 @@ eamsgd = load_train_module("EAMSGD")
 
 def started(alpha=0.3, momentum=0.9, learning_rate=0.05):
     cluster, (worker,) = in_process_cluster()
-    args = flags(eamsgd, "--tau", "4", "--momentum", str(momentum), "--alpha", str(alpha),
+    args = flags(eamsgd, "--window", "4", "--momentum", str(momentum), "--alpha", str(alpha),
                  "--learning_rate", str(learning_rate))
     return eamsgd.build_eamsgd, args, one_worker_session(eamsgd.build_eamsgd, args, cluster,
                                                          worker)
@@ -90,16 +90,16 @@ def test_eamsgd_reaches_the_accuracy_bar_with_its_defaults(default_run):
     assert float(default_run.summary()["momentum"]) == 0.9
 
 
-def test_eamsgd_exchanges_once_every_tau_local_steps_per_worker(default_run):
-    assert_one_push_per_window(default_run, window=8, steps=2000, name="tau")
+def test_eamsgd_exchanges_once_every_window_of_local_steps_per_worker(default_run):
+    assert_one_push_per_window(default_run, window=8, steps=2000)
 
 
 def test_eamsgd_a_worker_killed_mid_run_does_not_hang_the_others(tmp_path):
     assert_a_killed_worker_does_not_hang_the_others("EAMSGD", tmp_path, min_global_step=3000 // 8)
 
 
-def test_momentum_and_alpha_may_be_zero_but_tau_may_not():
+def test_momentum_and_alpha_may_be_zero_but_the_window_may_not():
     args = flags(eamsgd, "--momentum", "0", "--alpha", "0")  # AEASGD; workers training alone
     assert (args.momentum, args.alpha) == (0, 0)
-    code, _, stderr = run_train("EAMSGD", ["--tau", "0"])
-    assert code == 2 and error_lines(stderr) == ["error: --tau must be positive, got 0"]
+    code, _, stderr = run_train("EAMSGD", ["--window", "0"])
+    assert code == 2 and error_lines(stderr) == ["error: --window must be positive, got 0"]

@@ -11,14 +11,14 @@ from conftest import (all_at_once, assert_a_backup_worker_covers_a_lost_one,
 easgd = load_train_module("EASGD")
 
 
-def two_workers_in_a_round(alpha, tau=3):
-    """Two workers, each tau local steps on its own fixed batch, then one round together.
+def two_workers_in_a_round(alpha, window=3):
+    """Two workers, each a window of local steps on its own fixed batch, then one round together.
     Returns (centre, locals) before and after, and the global step."""
     ops, sessions = sync_workers(easgd.build_easgd, [
-        flags(easgd, "--task_index", str(k), "--tau", str(tau), "--alpha", str(alpha))
+        flags(easgd, "--task_index", str(k), "--window", str(window), "--alpha", str(alpha))
         for k in (0, 1)])
     for s, o in zip(sessions, ops):
-        for _ in range(tau):
+        for _ in range(window):
             s.run(o.local_step)
     before = (values(sessions[0], ops[0].centre),
               [values(s, o.local_params) for s, o in zip(sessions, ops)])
@@ -49,12 +49,12 @@ def test_a_round_moves_the_centre_to_a_moving_average_of_the_workers():
                                    rtol=1e-5, atol=1e-5, err_msg=name)
 
 
-def one_worker_exchange(alpha, tau=3):
-    """One worker alone (N = 1, so beta = alpha): tau local steps on a fixed batch, then one
+def one_worker_exchange(alpha, window=3):
+    """One worker alone (N = 1, so beta = alpha): a window of local steps on a fixed batch, then one
     exchange. Returns (centre, local) before and after it, and the global step."""
     [ops], [session] = sync_workers(easgd.build_easgd, [
-        flags(easgd, "--tau", str(tau), "--alpha", str(alpha))])
-    for _ in range(tau):
+        flags(easgd, "--window", str(window), "--alpha", str(alpha))])
+    for _ in range(window):
         session.run(ops.local_step)
     before = values(session, ops.centre), values(session, ops.local_params)
     all_at_once([session], [ops.exchange])
@@ -101,8 +101,8 @@ def test_the_default_alpha_keeps_beta_at_0_6_for_any_number_of_workers(workers, 
 
 
 # --- End to end through run.sh --------------------------------------------------------------------
-def test_easgd_reaches_the_bar_in_rounds_of_tau_steps_of_every_worker(tmp_path_factory):
-    # 2000 mini-batches, 2 workers x tau 8 a round
+def test_easgd_reaches_the_bar_in_rounds_of_a_window_of_steps_of_every_worker(tmp_path_factory):
+    # 2000 mini-batches, 2 workers x a window of 8 a round
     summary = assert_every_worker_in_every_round(run_with_defaults("EASGD", tmp_path_factory),
                                                  rounds=125, steps_per_round=8)
     assert summary["beta"] == "0.6" and summary["lost_workers"] == "0"
