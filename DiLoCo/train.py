@@ -27,6 +27,7 @@ References
 import argparse
 import collections
 import json
+import math
 import os
 import socket
 import sys
@@ -36,6 +37,7 @@ import numpy as np
 
 tf = None  # TensorFlow loads once the flags are checked (run_task): bad input fails at once
 EXAMPLE = "DiLoCo"
+JOBS = ("ps", "worker")  # the jobs of its cluster; deploy/ and the tests read them here
 
 
 def example_flags(parser):
@@ -80,16 +82,24 @@ def scale(pixels, pixel_max):
     return tf.cast(pixels, tf.float32) / float(pixel_max)
 
 
-def training_batches(data, batch_size, worker_index, num_workers, seed):
-    """This worker's endless stream of mini-batches, built in the graph (no feed_dict): its own
-    shard of the training set (no two workers share an example), reshuffled every epoch."""
+def training_dataset(data, batch_size, worker_index, num_workers, seed):
+    """This worker's endless stream of mini-batches: its own shard of the training set (no two
+    workers share an example), reshuffled every epoch."""
     ds = tf.data.Dataset.from_tensor_slices((data.x_train, data.y_train))
     ds = ds.shard(num_workers, worker_index)
     ds = ds.shuffle(len(data.x_train) // num_workers + 1, seed=seed * 1000 + worker_index)
     ds = ds.repeat().batch(batch_size, drop_remainder=True)
-    ds = ds.map(lambda x, y: (scale(x, data.pixel_max), y)).prefetch(2)
-    return tf.compat.v1.data.make_one_shot_iterator(ds).get_next()
+    return ds.map(lambda x, y: (scale(x, data.pixel_max), y)).prefetch(2)
+
 # <<< shared: data
+
+
+# >>> shared: graph batches
+def training_batches(data, batch_size, worker_index, num_workers, seed):
+    """The next mini-batch of training_dataset, as tensors of the graph (no feed_dict)."""
+    ds = training_dataset(data, batch_size, worker_index, num_workers, seed)
+    return tf.compat.v1.data.make_one_shot_iterator(ds).get_next()
+# <<< shared: graph batches
 
 
 # --- Model (replace with your own) ----------------------------------------------------------------
@@ -201,7 +211,7 @@ def train(args, cluster, server):
     log = TrainingLog(args, cluster, diloco.global_params, data, steps_per_update=args.window)
     session = log.start(server)
     diloco.hook.after_create_session(session, tf.compat.v1.train.Coordinator())
-    while log.step < -(-args.steps // (n * args.window)):  # the global step counts rounds
+    while log.step < math.ceil(args.steps / (n * args.window)):  # the global step counts rounds
         for _ in range(args.window):  # on this worker alone: no network traffic
             loss = session.run(diloco.inner_step)
         log.after_update(session, loss, sync_round(session, diloco.outer_step, args, "round"))
@@ -223,8 +233,21 @@ def main(argv=None):
 
 
 # ==================================================================================================
-# Plumbing shared by every example (identical text; you need not read below)
+# Plumbing shared by every example (you need not read below)
 # ==================================================================================================
+# What a task of a cluster needs besides its algorithm, in this order; the same text in every
+# train.py that runs on a ps (a test keeps the copies equal):
+#   1. flags, and the cluster from them or from TF_CONFIG          parse_flags, resolve_cluster,
+#                                                                  check_cluster
+#   2. this task's server; a failure ends the task in one line    run_task, fail, cause
+#   3. the start-up barrier: a worker waits for the ps to answer  wait_for, is_listening
+#   4. ending the ps, which TensorFlow's server never does itself serve
+#   5. the session on the ps and this worker only; the chief
+#      initialises or restores the variables, the others wait     TrainingLog.start
+#   6. progress lines; the chief's test accuracy, checkpoints and
+#      TensorBoard summaries                                      after_update, evaluate
+#   7. the end: the chief waits for the others, names any it
+#      lost, and prints the summary line                          end, print_summary
 # >>> shared: flags
 def fail(message):
     """One line on stderr and exit status 2: for bad input and lost peers, never for bugs."""
@@ -237,32 +260,100 @@ def parse_flags(argv, example_flags, distributed=True):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.error = lambda message: fail(message + " (see --help)")
-    for flag, kind, default, text in [
-            ("steps", int, 2000, "mini-batches to train, summed over the workers"),
-            ("batch_size", int, 64, "examples per mini-batch"),
-            ("learning_rate", float, 0.1, "the workers' learning rate"),
-            ("hidden", int, 128, "width of the MLP's hidden layer"),
-            ("data_path", str, "", "your own images: an .npz like mnist.npz (default: digits)"),
-            ("log_dir", str, "", "checkpoints and summaries; one that has them resumes"),
-            ("seed", int, 0, "seed of the initial weights and the shuffling"),
-            ("metrics_file", str, "", "also write the summary here, as JSON"),
-            ("log_every", int, 100, "progress (the chief's: test accuracy) every N local steps"),
-    ] + [("job_name", str, "", "ps or worker (or set TF_CONFIG)"),
-         ("task_index", int, 0, "this task's index in its job"),
-         ("ps_hosts", str, "", "comma-separated host:port of the ps tasks"),
-         ("worker_hosts", str, "", "comma-separated host:port of the workers"),
-         ("connect_timeout", float, 60, "seconds to wait for the other tasks")] * distributed:
+    common = [
+        ("steps", int, 2000, "mini-batches to train, summed over the workers"),
+        ("batch_size", int, 64, "examples per mini-batch"),
+        ("learning_rate", float, 0.1, "the workers' learning rate"),
+        ("hidden", int, 128, "width of the MLP's hidden layer"),
+        ("data_path", str, "", "your own images: an .npz like mnist.npz (default: digits)"),
+        ("log_dir", str, "", "checkpoints and summaries; one that has them resumes"),
+        ("seed", int, 0, "seed of the initial weights and the shuffling"),
+        ("metrics_file", str, "", "also write the summary here, as JSON"),
+        ("log_every", int, 100, "progress (the chief's: test accuracy) every N local steps"),
+    ]
+    cluster = [
+        ("job_name", str, "", "ps or worker (or set TF_CONFIG)"),
+        ("task_index", int, 0, "this task's index in its job"),
+        ("ps_hosts", str, "", "comma-separated host:port of the ps tasks"),
+        ("worker_hosts", str, "", "comma-separated host:port of the workers"),
+        ("connect_timeout", float, 60, "seconds to wait for the other tasks"),
+    ]
+    for flag, kind, default, text in common + (cluster if distributed else []):
         p.add_argument("--" + flag, type=kind, default=default, help=text)
     example_flags(p)
     args = p.parse_args(argv)
-    for flag, value in vars(args).items():  # no number is negative; a count, a size or a time
-        counted = type(p.get_default(flag)) in (int, float) and p.get_default(flag) >= 1
-        if type(value) in (int, float) and (value < 0 or value == 0 and counted):  # is not 0 either
+    for flag, value in vars(args).items():
+        if type(value) not in (int, float):
+            continue
+        default = p.get_default(flag)
+        counted = type(default) in (int, float) and default >= 1  # a count, a size or a time
+        if value < 0 or (value == 0 and counted):
             fail("--%s must be %s, got %s" % (flag, "positive" if counted else "0 or more", value))
-    args.log_dir = args.log_dir or os.path.join(os.path.dirname(os.path.abspath(__file__)), "logs",
-                                                time.strftime("%Y%m%d-%H%M%S-") + str(os.getpid()))
+    if not args.log_dir:  # a new folder for every run, beside this file
+        run_name = time.strftime("%Y%m%d-%H%M%S-") + str(os.getpid())
+        args.log_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "logs", run_name)
     return args
 # <<< shared: flags
+
+
+# >>> shared: tasks
+def check_cluster(cluster, job, index):
+    """Every address is host:port, the job is one of the cluster's, the index is in range."""
+    for name, hosts in cluster.items():
+        for address in hosts:
+            host, _, port = str(address).rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                fail("%s hosts: %r is not host:port (for example localhost:2222)"
+                     % (name, address))
+    if job not in cluster:
+        fail("unknown job name %r: use %s" % (job, " or ".join(cluster)))
+    if not 0 <= index < len(cluster[job]):
+        fail("task index %d is out of range: the %s job has %d task(s), 0..%d"
+             % (index, job, len(cluster[job]), len(cluster[job]) - 1))
+
+
+def cause(error):
+    """The line of a TensorFlow error that says what went wrong (not where, nor the trace)."""
+    lines = [line for line in error.message.splitlines()
+             if line.strip() and not line.startswith((" ", "\t", "Node: "))]
+    return lines[-1] if lines else type(error).__name__
+
+
+def is_listening(address):
+    try:
+        socket.create_connection(address.rsplit(":", 1), timeout=1).close()
+    except OSError:
+        return False
+    return True
+
+
+def wait_for(condition, seconds=float("inf")):
+    """Whether condition() came true within seconds (it is checked four times a second)."""
+    deadline = time.time() + seconds
+    while not condition():
+        if time.time() > deadline:
+            return False
+        time.sleep(0.25)  # the pace of the checks
+    return True
+# <<< shared: tasks
+
+
+# >>> shared: summary
+def print_summary(role, summary, history, metrics_file):
+    """The summary line, key=value ...; with --metrics_file also as JSON, with the history of the
+    test accuracy ([seconds, global step, accuracy] per evaluation)."""
+    def text(value):
+        if isinstance(value, list):
+            return ",".join(str(v) for v in value)
+        if isinstance(value, float):
+            return "%.6g" % value
+        return str(value)
+    fields = " ".join("%s=%s" % (key, text(value)) for key, value in summary.items())
+    print("[%s] summary %s" % (role, fields), flush=True)
+    if metrics_file:
+        with open(metrics_file, "w") as f:
+            json.dump(dict(summary, history=history), f, indent=1)
+# <<< shared: summary
 
 
 # >>> shared: cluster and session
@@ -278,57 +369,54 @@ def resolve_cluster(args):
     else:
         try:
             config = json.loads(os.environ["TF_CONFIG"])
-            spec, job, index = (config["cluster"], config["task"]["type"],
-                                config["task"].get("index"))
+            spec, job = config["cluster"], config["task"]["type"]
+            index = int(config["task"].get("index") or 0)
             chief = list(spec.get("chief", [])) + list(spec.get("master", []))
             cluster = {"ps": list(spec["ps"]), "worker": chief + list(spec.get("worker", []))}
-            job, index = ("worker", 0) if job in ("chief", "master") else (
-                job, int(index or 0) + len(chief) * (job == "worker"))
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             fail("TF_CONFIG is not valid cluster JSON (%s: %s)" % (type(e).__name__, e))
-        if job == "evaluator":
-            sys.exit(print("[evaluator] nothing to do: the chief evaluates", flush=True))
-    for name, address in ((name, str(a)) for name, hosts in cluster.items() for a in hosts):
-        host, _, port = address.rpartition(":")
-        if not host or not port.isdigit() or not 0 < int(port) < 65536:
-            fail("%s hosts: %r is not host:port (for example localhost:2222)" % (name, address))
-    if job not in ("ps", "worker"):
-        fail("unknown job name %r: use ps or worker" % job)
-    if not 0 <= index < len(cluster[job]):
-        fail("task index %d is out of range: the %s job has %d task(s), 0..%d"
-             % (index, job, len(cluster[job]), len(cluster[job]) - 1))
+        if job in ("chief", "master"):
+            job, index = "worker", 0
+        elif job == "worker":
+            index += len(chief)  # the workers come after the chief
+        elif job == "evaluator":
+            print("[evaluator] nothing to do: the chief evaluates", flush=True)
+            sys.exit(0)
+    check_cluster(cluster, job, index)
     args.job_name, args.task_index = job, index
     return cluster
 
 
 def run_task(args, cluster, train):
-    """Start this task's server, then serve (a ps) or train (a worker): in one line if it fails."""
-    global tf
+    """Start this task's server, then serve (a ps) or train (a worker)."""
+    global tf  # loaded only now: bad input has failed in one line, without TensorFlow's start-up
     job, index, address = args.job_name, args.task_index, cluster[args.job_name][args.task_index]
-    if is_listening(address):  # a port in use fails here, in one line, rather than in gRPC
+    if is_listening(address):  # in one line here, rather than deep inside gRPC
         fail("%s %d: port %s is already in use: by an earlier run?" % (job, index, address))
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before the import: no C++ info lines
     import tensorflow as tf
     tf.compat.v1.disable_eager_execution()
     tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)
-    server = tf.compat.v1.train.Server(  # one thread per op leaves the cores to the others
-        cluster, job_name=job, task_index=index,
-        config=tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1))
+    one_thread = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1)  # cores for the others
+    server = tf.compat.v1.train.Server(cluster, job_name=job, task_index=index, config=one_thread)
     try:
         if job == "ps":
-            return serve(index, cluster, time.time() + args.connect_timeout)
-        if not wait_for(lambda: all(map(is_listening, cluster["ps"])), args.connect_timeout):
+            return serve(index, cluster, args.connect_timeout)
+        if not wait_for(lambda: all(is_listening(ps) for ps in cluster["ps"]),
+                        args.connect_timeout):
             fail("cannot reach the ps at %s: is it running?" % ",".join(cluster["ps"]))
         return train(args, cluster, server)
     except tf.errors.OpError as e:
         fail("%s %d stopped: %s: %s" % (job, index, type(e).__name__, cause(e)))
 
 
-def serve(index, cluster, deadline):
-    """TensorFlow's servers never stop by themselves: a ps serves until every worker's port has
-    opened and closed again (or not opened by the deadline). The chief closes last."""
-    workers, address, seen = cluster["worker"], cluster["ps"][index], set()
-    print("[ps%d] serving %d worker(s) at %s" % (index, len(workers), address), flush=True)
+def serve(index, cluster, connect_timeout):
+    """A ps serves until every worker's port has opened and closed again (one that has not opened
+    within connect_timeout seconds counts as gone). The chief closes last."""
+    workers, seen = cluster["worker"], set()
+    deadline = time.time() + connect_timeout
+    print("[ps%d] serving %d worker(s) at %s" % (index, len(workers), cluster["ps"][index]),
+          flush=True)
 
     def all_gone():
         listening = {w for w in workers if is_listening(w)}
@@ -339,130 +427,119 @@ def serve(index, cluster, deadline):
     return 0
 
 
-def cause(error):  # the line of a TensorFlow error that says what went wrong, not where
-    return [line for line in error.message.splitlines() if line.strip() and not line.startswith(
-        (" ", "\t", "Node: "))][-1]
-
-
-def is_listening(address):
-    try:
-        socket.create_connection(address.rsplit(":", 1), timeout=1).close()
-    except OSError:
-        return False
-    return True
-
-
-def wait_for(condition, seconds=float("inf")):
-    """Whether condition() came true within seconds (it is checked four times a second)."""
-    deadline = time.time() + seconds
-    while not (met := condition()) and time.time() < deadline:
-        time.sleep(0.25)  # the pace of the checks
-    return met
-
-
 class TrainingLog(object):
-    """A worker's session, progress lines and end; the chief's checkpoints, evaluations and
-    summary. Each worker writes TRAINING, then its local steps as it leaves, in a record on ps 0:
-    the chief waits for them all, and counts as lost whoever closed its port without writing."""
-    NOT_ARRIVED, TRAINING = -1, -2
+    """A worker's session, progress lines and end; the chief's checkpoints, test accuracy,
+    TensorBoard summaries and summary line. Each worker writes its local step count into a
+    vector on ps 0 as it finishes: the chief waits for every worker to write, or to close its
+    port without writing (lost)."""
 
     def __init__(self, args, cluster, params, data, steps_per_update=1):
         self.args, self.cluster, self.steps_per_update = args, cluster, steps_per_update
-        self.role, self.is_chief = "worker%d" % args.task_index, args.task_index == 0
-        with tf.compat.v1.device("/job:worker/task:%d" % args.task_index):
-            self.test_accuracy = model_loss_and_accuracy(
-                params, scale(data.x_test, data.pixel_max), data.y_test)[1]
-        with tf.compat.v1.device("/job:ps/task:0"):  # the chief sets it up; never checkpointed
-            self.record = tf.compat.v1.Variable(np.full(len(cluster["worker"]), self.NOT_ARRIVED),
-                                                collections=[], name="departures", dtype=tf.int64)
-        self.entry = tf.compat.v1.placeholder(tf.int64, [1])
-        self.write_entry = tf.compat.v1.scatter_update(self.record, [args.task_index], self.entry)
+        self.role = "worker%d" % args.task_index
+        self.is_chief = args.task_index == 0
         self.global_step = tf.compat.v1.train.get_or_create_global_step()
-        self.local_steps, self.history, self.saved = 0, [], 0  # saved: last checkpoint's time
+        with tf.compat.v1.device("/job:worker/task:%d" % args.task_index):
+            x_test = scale(data.x_test, data.pixel_max)
+            self.test_accuracy = model_loss_and_accuracy(params, x_test, data.y_test)[1]
+            self.loss = tf.compat.v1.placeholder(tf.float32, [], name="loss")
+            self.summaries = tf.compat.v1.summary.merge([
+                tf.compat.v1.summary.scalar("test_accuracy", self.test_accuracy),
+                tf.compat.v1.summary.scalar("loss", self.loss)])
+        with tf.compat.v1.device("/job:ps/task:0"):  # -1 until a worker finishes; not checkpointed
+            self.finished = tf.compat.v1.Variable(np.full(len(cluster["worker"]), -1),
+                                                  dtype=tf.int64, collections=[], name="finished")
+        self.my_local_steps = tf.compat.v1.placeholder(tf.int64, [1])
+        self.write_finished = tf.compat.v1.scatter_update(self.finished, [args.task_index],
+                                                          self.my_local_steps)
+        self.local_steps, self.last_loss, self.history = 0, float("nan"), []
+        self.last_checkpoint = 0.0  # when the chief last saved one
 
     def start(self, server):
         """The session, once the chief has restored (from --log_dir) or initialised the ps."""
         args = self.args
         self.saver = tf.compat.v1.train.Saver()  # the global variables, all made by now
         local_init = tf.compat.v1.local_variables_initializer()
-        init = (tf.compat.v1.global_variables_initializer() if self.is_chief else
-                tf.compat.v1.report_uninitialized_variables(tf.compat.v1.global_variables()))
+        if self.is_chief:
+            global_init = tf.compat.v1.global_variables_initializer()
+        else:
+            not_ready = tf.compat.v1.report_uninitialized_variables(tf.compat.v1.global_variables())
         tf.compat.v1.get_default_graph().finalize()  # a loop that adds ops would grow forever
+        # filter devices, or the session waits for every worker to answer, even those that left
         session = tf.compat.v1.Session(server.target, config=tf.compat.v1.ConfigProto(
-            device_filters=["/job:ps", "/job:worker/task:%d" % args.task_index],  # else it waits
-            intra_op_parallelism_threads=1))  # for every worker to answer
+            device_filters=["/job:ps", "/job:worker/task:%d" % args.task_index],
+            intra_op_parallelism_threads=1))
         if self.is_chief:
             print("[worker0] chief: log_dir=%s" % args.log_dir, flush=True)
             self.writer = tf.compat.v1.summary.FileWriter(args.log_dir, session.graph)
-            session.run(self.record.initializer)
-            if checkpoint := tf.train.latest_checkpoint(args.log_dir):  # the chief's alone
+            session.run(self.finished.initializer)
+            checkpoint = tf.train.latest_checkpoint(args.log_dir)
+            if checkpoint:
                 self.saver.restore(session, checkpoint)
                 print("[worker0] resuming from the checkpoint at global step %d"
                       % session.run(self.global_step), flush=True)
             else:
-                session.run(init)
-        elif not wait_for(lambda: not len(session.run(init)), args.connect_timeout):
+                session.run(global_init)
+        elif not wait_for(lambda: len(session.run(not_ready)) == 0, args.connect_timeout):
             fail("%s: the chief has not set the variables up after %g s"
                  % (self.role, args.connect_timeout))
-        session.run([local_init, self.write_entry], {self.entry: [self.TRAINING]})
+        session.run(local_init)
         self.step = self.start_step = int(session.run(self.global_step))
         self.started = time.time()
-        self.clock = (0, self.started, self.step)  # local steps, time and global step at start
+        self.progress_steps, self.progress_time = 0, self.started  # at the last progress line
         print("[%s] training started" % self.role, flush=True)
         return session
 
     def after_update(self, session, loss, global_step):
         """Count the update; every --log_every local steps a progress line (the chief evaluates)."""
-        self.step, before = int(global_step), self.local_steps
+        self.step, self.last_loss = int(global_step), float(loss)
+        before = self.local_steps
         self.local_steps += self.steps_per_update
-        if before // self.args.log_every < self.local_steps // self.args.log_every:
-            rate = (self.local_steps - self.clock[0]) / (time.time() - self.clock[1])
-            accuracy = (" test_accuracy=%.4f" % self.evaluate(session, self.step, loss=loss)
-                        if self.is_chief else "")
-            print("[%s] local_step=%d global_step=%d loss=%.4f%s steps_per_sec=%.1f" % (
-                self.role, self.local_steps, self.step, loss, accuracy, rate), flush=True)
-        if before == 0:  # the clock starts now: the first update set the graph up everywhere
-            self.clock = (self.local_steps, time.time(), self.step)
+        if before // self.args.log_every == self.local_steps // self.args.log_every:
+            return
+        rate = (self.local_steps - self.progress_steps) / (time.time() - self.progress_time)
+        line = "[%s] local_step=%d global_step=%d loss=%.4f" % (
+            self.role, self.local_steps, self.step, loss)
+        if self.is_chief:
+            line += " test_accuracy=%.4f" % self.evaluate(session, self.step)
+        print(line + " steps_per_sec=%.1f" % rate, flush=True)
+        self.progress_steps, self.progress_time = self.local_steps, time.time()
 
-    def evaluate(self, session, global_step, last=False, **summaries):
+    def evaluate(self, session, global_step, checkpoint=False):
         """The chief's test accuracy, also to TensorBoard, after a checkpoint (one per 30 s)."""
-        if last or time.time() > self.saved + 30:
+        if checkpoint or time.time() > self.last_checkpoint + 30:
             self.saver.save(session, os.path.join(self.args.log_dir, "model.ckpt"), global_step)
-            self.saved = time.time()
-        accuracy = float(session.run(self.test_accuracy))
-        self.history.append([round(time.time() - self.started, 3), global_step, accuracy])
-        self.writer.add_summary(tf.compat.v1.Summary(value=[tf.compat.v1.Summary.Value(
-            tag=tag, simple_value=value) for tag, value in dict(summaries, test_accuracy=accuracy)
-            .items()]), global_step)
-        return accuracy
+            self.last_checkpoint = time.time()
+        accuracy, summaries = session.run([self.test_accuracy, self.summaries],
+                                          {self.loss: self.last_loss})
+        self.writer.add_summary(summaries, global_step)
+        self.history.append([round(time.time() - self.started, 3), global_step, float(accuracy)])
+        return float(accuracy)
 
     def end(self, session, minibatches_per_update=1, **extra):
-        """Leave; the chief waits for the others and reports (extra: values, tensors, functions)."""
-        seconds = time.time() - self.clock[1]
-        session.run(self.write_entry, {self.entry: [self.local_steps]})
+        """This worker is done; the chief waits for the others and prints the summary, with the
+        example's extra fields (values, or tensors that it reads now)."""
+        session.run(self.write_finished, {self.my_local_steps: [self.local_steps]})
         if self.is_chief:
-            record, workers = lambda: session.run(self.record), self.cluster["worker"]
-            deadline = self.started + self.args.connect_timeout
-            wait_for(lambda: not [w for w, entry in enumerate(record()) if entry < 0 and (
-                is_listening(workers[w]) or entry == self.NOT_ARRIVED and time.time() < deadline)])
-            left = [int(n) for n in record()]  # again: one may have written, then left, meanwhile
-            lost = [w for w, n in enumerate(left) if n < 0]
-            step = int(session.run(self.global_step))
-            rate = (step - self.clock[2]) * minibatches_per_update / seconds
-            summary = dict(example=EXAMPLE, test_accuracy=self.evaluate(session, step, last=True),
-                           global_step=step, workers=len(left), ps=len(self.cluster["ps"]),
-                           lost_workers=len(lost), local_steps=left, updates=step - self.start_step,
-                           steps_per_sec=rate, examples_per_sec=rate * self.args.batch_size)
-            summary.update((k, float(session.run(v)) if tf.is_tensor(v) else v(summary) if
-                            callable(v) else v) for k, v in extra.items())
+            workers = self.cluster["worker"]
+
+            def all_finished_or_gone():
+                written = session.run(self.finished)
+                return all(n >= 0 or not is_listening(w) for w, n in zip(workers, written))
+            wait_for(all_finished_or_gone)
+            local_steps = [int(n) for n in session.run(self.finished)]  # read after the wait
+            lost = [w for w, n in enumerate(local_steps) if n < 0]
             if lost:
                 print("[worker0] worker(s) %s failed or were lost" % ",".join(map(str, lost)))
-            print("[worker0] summary " + " ".join("%s=%s" % (k, ",".join(map(str, v)) if isinstance(
-                v, list) else "%.6g" % v if isinstance(v, float) else v)
-                for k, v in summary.items()), flush=True)
-            if self.args.metrics_file:
-                with open(self.args.metrics_file, "w") as f:
-                    json.dump(dict(summary, history=self.history), f, indent=1)
+            step = int(session.run(self.global_step))
+            rate = (step - self.start_step) * minibatches_per_update / (time.time() - self.started)
+            summary = dict(example=EXAMPLE, test_accuracy=self.evaluate(session, step, True),
+                           global_step=step, workers=len(workers), ps=len(self.cluster["ps"]),
+                           lost_workers=len(lost), local_steps=local_steps,
+                           updates=step - self.start_step, steps_per_sec=rate,
+                           examples_per_sec=rate * self.args.batch_size)
+            for key, value in extra.items():
+                summary[key] = float(session.run(value)) if tf.is_tensor(value) else value
+            print_summary(self.role, summary, self.history, self.args.metrics_file)
             self.writer.close()
         session.close()
         print("[%s] done: local_steps=%d" % (self.role, self.local_steps), flush=True)

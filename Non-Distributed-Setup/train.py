@@ -32,6 +32,7 @@ import numpy as np
 
 tf = None  # TensorFlow loads once the flags are checked (main): bad input fails at once
 EXAMPLE = "Non-Distributed-Setup"
+JOBS = ()  # one process, no cluster; deploy/ and the tests read this here
 
 
 def example_flags(parser):
@@ -69,16 +70,24 @@ def scale(pixels, pixel_max):
     return tf.cast(pixels, tf.float32) / float(pixel_max)
 
 
-def training_batches(data, batch_size, worker_index, num_workers, seed):
-    """This worker's endless stream of mini-batches, built in the graph (no feed_dict): its own
-    shard of the training set (no two workers share an example), reshuffled every epoch."""
+def training_dataset(data, batch_size, worker_index, num_workers, seed):
+    """This worker's endless stream of mini-batches: its own shard of the training set (no two
+    workers share an example), reshuffled every epoch."""
     ds = tf.data.Dataset.from_tensor_slices((data.x_train, data.y_train))
     ds = ds.shard(num_workers, worker_index)
     ds = ds.shuffle(len(data.x_train) // num_workers + 1, seed=seed * 1000 + worker_index)
     ds = ds.repeat().batch(batch_size, drop_remainder=True)
-    ds = ds.map(lambda x, y: (scale(x, data.pixel_max), y)).prefetch(2)
-    return tf.compat.v1.data.make_one_shot_iterator(ds).get_next()
+    return ds.map(lambda x, y: (scale(x, data.pixel_max), y)).prefetch(2)
+
 # <<< shared: data
+
+
+# >>> shared: graph batches
+def training_batches(data, batch_size, worker_index, num_workers, seed):
+    """The next mini-batch of training_dataset, as tensors of the graph (no feed_dict)."""
+    ds = training_dataset(data, batch_size, worker_index, num_workers, seed)
+    return tf.compat.v1.data.make_one_shot_iterator(ds).get_next()
+# <<< shared: graph batches
 
 
 # --- Model (replace with your own) ----------------------------------------------------------------
@@ -120,62 +129,58 @@ def build_sgd(args, x, y):
 def train(args):
     data = load_dataset(args.data_path)
     sgd = build_sgd(args, *training_batches(data, args.batch_size, 0, 1, args.seed))
-    test_accuracy = model_loss_and_accuracy(sgd.params, scale(data.x_test, data.pixel_max),
-                                            data.y_test)[1]
-    saver, history, started = tf.compat.v1.train.Saver(), [], time.time()
+    x_test = scale(data.x_test, data.pixel_max)
+    test_accuracy = model_loss_and_accuracy(sgd.params, x_test, data.y_test)[1]
+    loss_value = tf.compat.v1.placeholder(tf.float32, [])
+    summaries = tf.compat.v1.summary.merge([  # what TensorBoard shows
+        tf.compat.v1.summary.scalar("test_accuracy", test_accuracy),
+        tf.compat.v1.summary.scalar("loss", loss_value)])
+    saver = tf.compat.v1.train.Saver()
     writer = tf.compat.v1.summary.FileWriter(args.log_dir, tf.compat.v1.get_default_graph())
+    history, started = [], time.time()
 
-    def evaluate(session, step, **summaries):  # the test accuracy, also to TensorBoard
-        accuracy = float(session.run(test_accuracy))
-        history.append([round(time.time() - started, 3), int(step), accuracy])
-        writer.add_summary(tf.compat.v1.Summary(value=[tf.compat.v1.Summary.Value(
-            tag=tag, simple_value=value) for tag, value in dict(
-                summaries, test_accuracy=accuracy).items()]), step)
-        return accuracy
+    def evaluate(session, step, loss):  # the test accuracy, also to TensorBoard
+        accuracy, summary = session.run([test_accuracy, summaries], {loss_value: loss})
+        writer.add_summary(summary, step)
+        history.append([round(time.time() - started, 3), step, float(accuracy)])
+        return float(accuracy)
 
     print("[local] log_dir=%s" % args.log_dir, flush=True)
     with tf.compat.v1.Session() as session:
-        if tf.train.latest_checkpoint(args.log_dir):
-            saver.restore(session, tf.train.latest_checkpoint(args.log_dir))
+        checkpoint = tf.train.latest_checkpoint(args.log_dir)
+        if checkpoint:
+            saver.restore(session, checkpoint)
             print("[local] resuming from the checkpoint at global step %d"
                   % session.run(sgd.global_step), flush=True)
         else:
             session.run(tf.compat.v1.global_variables_initializer())
-        start_step = local_step = int(session.run(sgd.global_step))
+        start_step = int(session.run(sgd.global_step))
         print("[local] training started", flush=True)
-        session.run(sgd.train_op)  # the first step also sets the graph up: untimed, as elsewhere
-        clock = last_log = time.time()
-        for local_step in range(start_step + 2, args.steps + 1):
-            if local_step % args.log_every:
-                session.run(sgd.train_op)
-                continue
+        last_line_step, last_line_time, loss = start_step, time.time(), float("nan")
+        for step in range(start_step + 1, args.steps + 1):
             _, loss = session.run([sgd.train_op, sgd.loss])
-            print("[local] local_step=%d global_step=%d loss=%.4f test_accuracy=%.4f "
-                  "steps_per_sec=%.1f" % (local_step, local_step, loss, evaluate(
-                      session, local_step, loss=loss), args.log_every / (time.time() - last_log)),
-                  flush=True)
-            last_log = time.time()
-        seconds, steps = time.time() - clock, max(local_step - start_step - 1, 0)
-        saver.save(session, os.path.join(args.log_dir, "model.ckpt"), global_step=local_step)
-        summary = collections.OrderedDict([
-            ("example", EXAMPLE), ("test_accuracy", evaluate(session, local_step)),
-            ("global_step", local_step), ("workers", 1), ("ps", 0), ("lost_workers", 0),
-            ("local_steps", [local_step - start_step]), ("updates", local_step - start_step),
-            ("batch_size", args.batch_size), ("wall_seconds", time.time() - started),
-            ("steps_per_sec", steps / seconds),
-            ("examples_per_sec", steps * args.batch_size / seconds), ("log_dir", args.log_dir)])
+            if step % args.log_every == 0:
+                rate = (step - last_line_step) / (time.time() - last_line_time)
+                print("[local] local_step=%d global_step=%d loss=%.4f test_accuracy=%.4f "
+                      "steps_per_sec=%.1f" % (step, step, loss, evaluate(session, step, loss),
+                                              rate), flush=True)
+                last_line_step, last_line_time = step, time.time()
+        last_step = max(args.steps, start_step)
+        saver.save(session, os.path.join(args.log_dir, "model.ckpt"), global_step=last_step)
+        updates = last_step - start_step
+        rate = updates / (time.time() - started)
+        summary = dict(example=EXAMPLE, test_accuracy=evaluate(session, last_step, loss),
+                       global_step=last_step, workers=1, ps=0, lost_workers=0,
+                       local_steps=[updates], updates=updates, steps_per_sec=rate,
+                       examples_per_sec=rate * args.batch_size, log_dir=args.log_dir)
     writer.close()
-    print("[local] summary " + " ".join("%s=%s" % (k, ",".join(map(str, v)) if isinstance(
-        v, list) else "%.6g" % v if isinstance(v, float) else v) for k, v in summary.items()))
-    if args.metrics_file:
-        with open(args.metrics_file, "w") as f:
-            json.dump(dict(summary, history=history), f, indent=1)
+    print_summary("local", summary, history, args.metrics_file)
     return 0
 
 
 def main(argv=None):
-    global tf
-    args = parse_flags(argv, example_flags, distributed=False)  # bad input fails here, at once
+    global tf  # loaded only now: bad input has failed in one line, without TensorFlow's start-up
+    args = parse_flags(argv, example_flags, distributed=False)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before the import: no C++ info lines
     import tensorflow as tf
     tf.compat.v1.disable_eager_execution()
@@ -183,8 +188,12 @@ def main(argv=None):
 
 
 # ==================================================================================================
-# Plumbing shared by every example (identical text; you need not read below)
+# Plumbing shared by every example (you need not read below)
 # ==================================================================================================
+# What this one-process example shares with the others, in this order (a test keeps the copies
+# equal):
+#   1. flags                     parse_flags, fail
+#   2. the summary line          print_summary
 # >>> shared: flags
 def fail(message):
     """One line on stderr and exit status 2: for bad input and lost peers, never for bugs."""
@@ -197,32 +206,58 @@ def parse_flags(argv, example_flags, distributed=True):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.error = lambda message: fail(message + " (see --help)")
-    for flag, kind, default, text in [
-            ("steps", int, 2000, "mini-batches to train, summed over the workers"),
-            ("batch_size", int, 64, "examples per mini-batch"),
-            ("learning_rate", float, 0.1, "the workers' learning rate"),
-            ("hidden", int, 128, "width of the MLP's hidden layer"),
-            ("data_path", str, "", "your own images: an .npz like mnist.npz (default: digits)"),
-            ("log_dir", str, "", "checkpoints and summaries; one that has them resumes"),
-            ("seed", int, 0, "seed of the initial weights and the shuffling"),
-            ("metrics_file", str, "", "also write the summary here, as JSON"),
-            ("log_every", int, 100, "progress (the chief's: test accuracy) every N local steps"),
-    ] + [("job_name", str, "", "ps or worker (or set TF_CONFIG)"),
-         ("task_index", int, 0, "this task's index in its job"),
-         ("ps_hosts", str, "", "comma-separated host:port of the ps tasks"),
-         ("worker_hosts", str, "", "comma-separated host:port of the workers"),
-         ("connect_timeout", float, 60, "seconds to wait for the other tasks")] * distributed:
+    common = [
+        ("steps", int, 2000, "mini-batches to train, summed over the workers"),
+        ("batch_size", int, 64, "examples per mini-batch"),
+        ("learning_rate", float, 0.1, "the workers' learning rate"),
+        ("hidden", int, 128, "width of the MLP's hidden layer"),
+        ("data_path", str, "", "your own images: an .npz like mnist.npz (default: digits)"),
+        ("log_dir", str, "", "checkpoints and summaries; one that has them resumes"),
+        ("seed", int, 0, "seed of the initial weights and the shuffling"),
+        ("metrics_file", str, "", "also write the summary here, as JSON"),
+        ("log_every", int, 100, "progress (the chief's: test accuracy) every N local steps"),
+    ]
+    cluster = [
+        ("job_name", str, "", "ps or worker (or set TF_CONFIG)"),
+        ("task_index", int, 0, "this task's index in its job"),
+        ("ps_hosts", str, "", "comma-separated host:port of the ps tasks"),
+        ("worker_hosts", str, "", "comma-separated host:port of the workers"),
+        ("connect_timeout", float, 60, "seconds to wait for the other tasks"),
+    ]
+    for flag, kind, default, text in common + (cluster if distributed else []):
         p.add_argument("--" + flag, type=kind, default=default, help=text)
     example_flags(p)
     args = p.parse_args(argv)
-    for flag, value in vars(args).items():  # no number is negative; a count, a size or a time
-        counted = type(p.get_default(flag)) in (int, float) and p.get_default(flag) >= 1
-        if type(value) in (int, float) and (value < 0 or value == 0 and counted):  # is not 0 either
+    for flag, value in vars(args).items():
+        if type(value) not in (int, float):
+            continue
+        default = p.get_default(flag)
+        counted = type(default) in (int, float) and default >= 1  # a count, a size or a time
+        if value < 0 or (value == 0 and counted):
             fail("--%s must be %s, got %s" % (flag, "positive" if counted else "0 or more", value))
-    args.log_dir = args.log_dir or os.path.join(os.path.dirname(os.path.abspath(__file__)), "logs",
-                                                time.strftime("%Y%m%d-%H%M%S-") + str(os.getpid()))
+    if not args.log_dir:  # a new folder for every run, beside this file
+        run_name = time.strftime("%Y%m%d-%H%M%S-") + str(os.getpid())
+        args.log_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "logs", run_name)
     return args
 # <<< shared: flags
+
+
+# >>> shared: summary
+def print_summary(role, summary, history, metrics_file):
+    """The summary line, key=value ...; with --metrics_file also as JSON, with the history of the
+    test accuracy ([seconds, global step, accuracy] per evaluation)."""
+    def text(value):
+        if isinstance(value, list):
+            return ",".join(str(v) for v in value)
+        if isinstance(value, float):
+            return "%.6g" % value
+        return str(value)
+    fields = " ".join("%s=%s" % (key, text(value)) for key, value in summary.items())
+    print("[%s] summary %s" % (role, fields), flush=True)
+    if metrics_file:
+        with open(metrics_file, "w") as f:
+            json.dump(dict(summary, history=history), f, indent=1)
+# <<< shared: summary
 
 
 if __name__ == "__main__":

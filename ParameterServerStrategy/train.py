@@ -33,6 +33,7 @@ References
 import argparse
 import collections
 import json
+import math
 import os
 import shutil
 import socket
@@ -45,6 +46,7 @@ import numpy as np
 
 tf = None  # TensorFlow loads once the flags are checked (run_task): bad input fails at once
 EXAMPLE = "ParameterServerStrategy"
+JOBS = ("chief", "worker", "ps")  # the jobs of its cluster; deploy/ and the tests read them here
 
 
 def example_flags(parser):
@@ -84,15 +86,15 @@ def scale(pixels, pixel_max):
     return tf.cast(pixels, tf.float32) / float(pixel_max)
 
 
-def training_batches(data, batch_size, worker_index, num_workers, seed):
-    """This worker's endless stream of mini-batches, built in the graph (no feed_dict): its own
-    shard of the training set (no two workers share an example), reshuffled every epoch."""
+def training_dataset(data, batch_size, worker_index, num_workers, seed):
+    """This worker's endless stream of mini-batches: its own shard of the training set (no two
+    workers share an example), reshuffled every epoch."""
     ds = tf.data.Dataset.from_tensor_slices((data.x_train, data.y_train))
     ds = ds.shard(num_workers, worker_index)
     ds = ds.shuffle(len(data.x_train) // num_workers + 1, seed=seed * 1000 + worker_index)
     ds = ds.repeat().batch(batch_size, drop_remainder=True)
-    ds = ds.map(lambda x, y: (scale(x, data.pixel_max), y)).prefetch(2)
-    return tf.compat.v1.data.make_one_shot_iterator(ds).get_next()
+    return ds.map(lambda x, y: (scale(x, data.pixel_max), y)).prefetch(2)
+
 # <<< shared: data
 
 
@@ -138,10 +140,7 @@ def build_pss(args, cluster, data):
 
     def dataset_fn():  # runs on each worker, which reads its own part of the training set
         worker = tf.distribute.coordinator.experimental_get_current_worker_index()
-        ds = tf.data.Dataset.from_tensor_slices((data.x_train, data.y_train))
-        ds = ds.shard(workers, worker).shuffle(len(data.x_train), seed=args.seed)
-        return ds.repeat().batch(args.batch_size, drop_remainder=True).map(
-            lambda x, y: (scale(x, data.pixel_max), y)).prefetch(2)
+        return training_dataset(data, args.batch_size, worker, workers, args.seed)
     iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
 
     @tf.function
@@ -174,8 +173,8 @@ def train(args, cluster):
             v.device.split("/device")[0] for v in getattr(p, "variables", [p]))), flush=True)
     log = Tf2Log(args, cluster, pss.params, data, tf.train.Checkpoint(
         global_step=pss.global_step, steps_per_worker=pss.steps_per_worker, **pss.params))
-    calls, every = -(-(args.steps - log.start_step) // args.steps_per_call), max(
-        1, args.log_every // args.steps_per_call)
+    calls = math.ceil((args.steps - log.start_step) / args.steps_per_call)  # none if resumed
+    every = max(1, args.log_every // args.steps_per_call)  # calls between progress lines
     threading.Thread(target=end_when_no_worker_answers, args=(args, cluster), daemon=True).start()
     for call in range(1, max(calls, 0) + 1):
         loss = pss.coordinator.schedule(pss.train_steps, args=(pss.iterator,))
@@ -207,7 +206,7 @@ def end_when_no_worker_answers(args, cluster):
 
 def main(argv=None):
     args = parse_flags(argv, example_flags)  # bad input fails here, before TensorFlow loads
-    cluster = tf2_cluster(args, ("chief", "worker", "ps"))
+    cluster = tf2_cluster(args, JOBS)
     os.environ["GRPC_FAIL_FAST"] = "use_caller"  # a lost worker fails fast; its work moves on
     start_tensorflow(args, cluster)
     if args.job_name != "chief":  # a ps or a worker only serves, until the coordinator is gone
@@ -216,8 +215,21 @@ def main(argv=None):
 
 
 # ==================================================================================================
-# Plumbing shared by every example (identical text; you need not read below)
+# Plumbing shared by every example (you need not read below)
 # ==================================================================================================
+# What a task of a TensorFlow 2 cluster needs besides its algorithm, in this order; the same text
+# in every TensorFlow 2 train.py (a test keeps the copies equal):
+#   1. flags, and the cluster from them or from TF_CONFIG          parse_flags, tf2_cluster,
+#                                                                  check_cluster
+#   2. TensorFlow loads after the checks; a failure ends the task
+#      in one line                                                start_tensorflow, run_and_exit,
+#                                                                  fail, cause
+#   3. a server with nothing of its own to run ends itself once
+#      the task it serves is gone                                 serve_until_gone, wait_for,
+#                                                                  is_listening
+#   4. checkpoints and resume; progress lines with the test
+#      accuracy; TensorBoard summaries                            Tf2Log, progress
+#   5. the summary line                                           end, print_summary
 # >>> shared: flags
 def fail(message):
     """One line on stderr and exit status 2: for bad input and lost peers, never for bugs."""
@@ -230,46 +242,114 @@ def parse_flags(argv, example_flags, distributed=True):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.error = lambda message: fail(message + " (see --help)")
-    for flag, kind, default, text in [
-            ("steps", int, 2000, "mini-batches to train, summed over the workers"),
-            ("batch_size", int, 64, "examples per mini-batch"),
-            ("learning_rate", float, 0.1, "the workers' learning rate"),
-            ("hidden", int, 128, "width of the MLP's hidden layer"),
-            ("data_path", str, "", "your own images: an .npz like mnist.npz (default: digits)"),
-            ("log_dir", str, "", "checkpoints and summaries; one that has them resumes"),
-            ("seed", int, 0, "seed of the initial weights and the shuffling"),
-            ("metrics_file", str, "", "also write the summary here, as JSON"),
-            ("log_every", int, 100, "progress (the chief's: test accuracy) every N local steps"),
-    ] + [("job_name", str, "", "ps or worker (or set TF_CONFIG)"),
-         ("task_index", int, 0, "this task's index in its job"),
-         ("ps_hosts", str, "", "comma-separated host:port of the ps tasks"),
-         ("worker_hosts", str, "", "comma-separated host:port of the workers"),
-         ("connect_timeout", float, 60, "seconds to wait for the other tasks")] * distributed:
+    common = [
+        ("steps", int, 2000, "mini-batches to train, summed over the workers"),
+        ("batch_size", int, 64, "examples per mini-batch"),
+        ("learning_rate", float, 0.1, "the workers' learning rate"),
+        ("hidden", int, 128, "width of the MLP's hidden layer"),
+        ("data_path", str, "", "your own images: an .npz like mnist.npz (default: digits)"),
+        ("log_dir", str, "", "checkpoints and summaries; one that has them resumes"),
+        ("seed", int, 0, "seed of the initial weights and the shuffling"),
+        ("metrics_file", str, "", "also write the summary here, as JSON"),
+        ("log_every", int, 100, "progress (the chief's: test accuracy) every N local steps"),
+    ]
+    cluster = [
+        ("job_name", str, "", "ps or worker (or set TF_CONFIG)"),
+        ("task_index", int, 0, "this task's index in its job"),
+        ("ps_hosts", str, "", "comma-separated host:port of the ps tasks"),
+        ("worker_hosts", str, "", "comma-separated host:port of the workers"),
+        ("connect_timeout", float, 60, "seconds to wait for the other tasks"),
+    ]
+    for flag, kind, default, text in common + (cluster if distributed else []):
         p.add_argument("--" + flag, type=kind, default=default, help=text)
     example_flags(p)
     args = p.parse_args(argv)
-    for flag, value in vars(args).items():  # no number is negative; a count, a size or a time
-        counted = type(p.get_default(flag)) in (int, float) and p.get_default(flag) >= 1
-        if type(value) in (int, float) and (value < 0 or value == 0 and counted):  # is not 0 either
+    for flag, value in vars(args).items():
+        if type(value) not in (int, float):
+            continue
+        default = p.get_default(flag)
+        counted = type(default) in (int, float) and default >= 1  # a count, a size or a time
+        if value < 0 or (value == 0 and counted):
             fail("--%s must be %s, got %s" % (flag, "positive" if counted else "0 or more", value))
-    args.log_dir = args.log_dir or os.path.join(os.path.dirname(os.path.abspath(__file__)), "logs",
-                                                time.strftime("%Y%m%d-%H%M%S-") + str(os.getpid()))
+    if not args.log_dir:  # a new folder for every run, beside this file
+        run_name = time.strftime("%Y%m%d-%H%M%S-") + str(os.getpid())
+        args.log_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "logs", run_name)
     return args
 # <<< shared: flags
 
 
+# >>> shared: tasks
+def check_cluster(cluster, job, index):
+    """Every address is host:port, the job is one of the cluster's, the index is in range."""
+    for name, hosts in cluster.items():
+        for address in hosts:
+            host, _, port = str(address).rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                fail("%s hosts: %r is not host:port (for example localhost:2222)"
+                     % (name, address))
+    if job not in cluster:
+        fail("unknown job name %r: use %s" % (job, " or ".join(cluster)))
+    if not 0 <= index < len(cluster[job]):
+        fail("task index %d is out of range: the %s job has %d task(s), 0..%d"
+             % (index, job, len(cluster[job]), len(cluster[job]) - 1))
+
+
+def cause(error):
+    """The line of a TensorFlow error that says what went wrong (not where, nor the trace)."""
+    lines = [line for line in error.message.splitlines()
+             if line.strip() and not line.startswith((" ", "\t", "Node: "))]
+    return lines[-1] if lines else type(error).__name__
+
+
+def is_listening(address):
+    try:
+        socket.create_connection(address.rsplit(":", 1), timeout=1).close()
+    except OSError:
+        return False
+    return True
+
+
+def wait_for(condition, seconds=float("inf")):
+    """Whether condition() came true within seconds (it is checked four times a second)."""
+    deadline = time.time() + seconds
+    while not condition():
+        if time.time() > deadline:
+            return False
+        time.sleep(0.25)  # the pace of the checks
+    return True
+# <<< shared: tasks
+
+
+# >>> shared: summary
+def print_summary(role, summary, history, metrics_file):
+    """The summary line, key=value ...; with --metrics_file also as JSON, with the history of the
+    test accuracy ([seconds, global step, accuracy] per evaluation)."""
+    def text(value):
+        if isinstance(value, list):
+            return ",".join(str(v) for v in value)
+        if isinstance(value, float):
+            return "%.6g" % value
+        return str(value)
+    fields = " ".join("%s=%s" % (key, text(value)) for key, value in summary.items())
+    print("[%s] summary %s" % (role, fields), flush=True)
+    if metrics_file:
+        with open(metrics_file, "w") as f:
+            json.dump(dict(summary, history=history), f, indent=1)
+# <<< shared: summary
+
+
 # >>> shared: tf2 cluster
 def tf2_cluster(args, jobs):
-    """The cluster from the flags, or else from TF_CONFIG; jobs: the job names this example
-    uses. Writes the result into TF_CONFIG (where the strategies read it) and sets
+    """The cluster from the flags, or else from TF_CONFIG; jobs: the job names this example uses
+    (its JOBS). Writes the result into TF_CONFIG, where the strategies read it, and sets
     args.job_name and args.task_index."""
     given = {"chief": getattr(args, "chief_host", ""), "worker": args.worker_hosts,
              "ps": args.ps_hosts}
     if args.job_name or any(given.values()) or "TF_CONFIG" not in os.environ:
-        cluster = {job: given[job].replace(" ", "").split(",") for job in jobs if given[job]}
-        if len(cluster) < len(jobs):
-            fail("give %s (or set TF_CONFIG)" % " and ".join(
-                "--%s_host%s" % (job, "" if job == "chief" else "s") for job in jobs))
+        if not all(given[job] for job in jobs):
+            flags = ["--chief_host" if job == "chief" else "--%s_hosts" % job for job in jobs]
+            fail("give %s (or set TF_CONFIG)" % " and ".join(flags))
+        cluster = {job: given[job].replace(" ", "").split(",") for job in jobs}
         job, index = args.job_name, args.task_index
     else:
         try:
@@ -277,18 +357,9 @@ def tf2_cluster(args, jobs):
             cluster = {job: list(config["cluster"][job]) for job in jobs}
             job, index = config["task"]["type"], int(config["task"].get("index") or 0)
         except (ValueError, KeyError, TypeError, AttributeError) as e:
-            fail("TF_CONFIG is not valid cluster JSON for %s (%s: %s)" % (
-                "/".join(jobs), type(e).__name__, e))
-    for name, hosts in cluster.items():
-        for host, port in (str(h).rpartition(":")[::2] for h in hosts):
-            if not host or not port.isdigit() or not 0 < int(port) < 65536:
-                fail("%s hosts: %r is not host:port (for example localhost:2222)"
-                     % (name, host + ":" * bool(host) + port))
-    if job not in cluster:
-        fail("unknown job name %r: use %s" % (job, " or ".join(jobs)))
-    if not 0 <= index < len(cluster[job]):
-        fail("task index %d is out of range: the %s job has %d task(s), 0..%d"
-             % (index, job, len(cluster[job]), len(cluster[job]) - 1))
+            fail("TF_CONFIG is not valid cluster JSON for %s (%s: %s)"
+                 % ("/".join(jobs), type(e).__name__, e))
+    check_cluster(cluster, job, index)
     os.environ["TF_CONFIG"] = json.dumps({"cluster": cluster,
                                           "task": {"type": job, "index": index}})
     args.job_name, args.task_index = job, index
@@ -297,26 +368,15 @@ def tf2_cluster(args, jobs):
 
 def start_tensorflow(args, cluster):
     """Check this task's port, then load TensorFlow (eager, as TensorFlow 2 runs)."""
-    global tf
+    global tf  # loaded only now: bad input has failed in one line, without TensorFlow's start-up
     address = cluster[args.job_name][args.task_index]
-    with socket.socket() as probe:
-        try:
-            probe.bind(("", int(address.rpartition(":")[2])))
-        except OSError:
-            fail("%s %d: port %s is already in use: is an earlier run still going?"
-                 % (args.job_name, args.task_index, address))
+    if is_listening(address):  # in one line here, rather than deep inside gRPC
+        fail("%s %d: port %s is already in use: by an earlier run?"
+             % (args.job_name, args.task_index, address))
     if os.environ.get("VERBOSE") != "1":  # before the import: TensorFlow's C++ log reports
         os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"  # every peer that leaves as an error
     import tensorflow as tf
     tf.get_logger().setLevel("ERROR")
-
-
-def is_listening(address):
-    try:
-        socket.create_connection(address.rsplit(":", 1), timeout=1).close()
-        return True
-    except OSError:
-        return False
 
 
 def serve_until_gone(args, cluster, watched):
@@ -326,15 +386,11 @@ def serve_until_gone(args, cluster, watched):
     role = "%s%d" % (args.job_name, args.task_index)
     tf.distribute.Server(tf.train.ClusterSpec(cluster), job_name=args.job_name,
                          task_index=args.task_index, protocol="grpc", start=True)
-    print("[%s] serving at %s until %s is done" % (role, cluster[args.job_name][
-        args.task_index], watched), flush=True)
-    deadline = time.time() + args.connect_timeout
-    while not is_listening(watched):
-        if time.time() > deadline:
-            fail("%s: %s did not come up within %.0f s" % (role, watched, args.connect_timeout))
-        time.sleep(0.25)  # the pace of the checks
-    while is_listening(watched):
-        time.sleep(0.25)
+    print("[%s] serving at %s until %s is done"
+          % (role, cluster[args.job_name][args.task_index], watched), flush=True)
+    if not wait_for(lambda: is_listening(watched), args.connect_timeout):
+        fail("%s: %s did not come up within %.0f s" % (role, watched, args.connect_timeout))
+    wait_for(lambda: not is_listening(watched))
     print("[%s] %s is gone; shutting down" % (role, watched), flush=True)
     os._exit(0)  # the server's threads would keep an ordinary exit waiting forever
 
@@ -346,11 +402,12 @@ def run_and_exit(train, args, cluster):
         code = train(args, cluster)
     except tf.errors.OpError as e:
         lost = isinstance(e, (tf.errors.UnavailableError, tf.errors.DeadlineExceededError))
-        print("error: %s %d stopped: %s: %s" % (
-            args.job_name, args.task_index, type(e).__name__, "a peer is gone or did not answer"
-            " in time" if lost else e.message.splitlines()[0][:200]), file=sys.stderr)
+        why = "a peer is gone or did not answer in time" if lost else cause(e)
+        print("error: %s %d stopped: %s: %s" % (args.job_name, args.task_index,
+                                                type(e).__name__, why), file=sys.stderr)
         code = 2
-    sys.stdout.flush(), sys.stderr.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
     os._exit(code)
 # <<< shared: tf2 cluster
 
@@ -362,47 +419,44 @@ class Tf2Log(object):
 
     def __init__(self, args, cluster, params, data, checkpoint, is_chief=True):
         self.args, self.cluster, self.params, self.is_chief = args, cluster, params, is_chief
+        self.role = "%s%d" % (args.job_name, args.task_index)
         self.x_test, self.y_test = scale(data.x_test, data.pixel_max), data.y_test
         # every task restores from the chief's checkpoints; only the chief's saves are kept
         # (with MultiWorkerMirroredStrategy every task must save: the others save to scratch)
         self.scratch = None if is_chief else tempfile.mkdtemp(prefix="checkpoint-scratch-")
         self.manager = tf.train.CheckpointManager(checkpoint, self.scratch or args.log_dir,
                                                   max_to_keep=3)
-        latest, self.start_step = tf.train.latest_checkpoint(args.log_dir), 0
+        self.start_step = 0
+        latest = tf.train.latest_checkpoint(args.log_dir)
         if latest:
             checkpoint.restore(latest)
             self.start_step = int(checkpoint.global_step.numpy())
-            print("[%s] resuming from the checkpoint at global step %d" % (
-                self.role(), self.start_step), flush=True)
-        self.global_step = checkpoint.global_step
+            print("[%s] resuming from the checkpoint at global step %d"
+                  % (self.role, self.start_step), flush=True)
         self.writer = tf.summary.create_file_writer(args.log_dir) if is_chief else None
         self.history, self.started = [], time.time()
-        self.last_log = (self.start_step, self.started)
-        print("[%s] training started: log_dir=%s" % (self.role(), args.log_dir), flush=True)
+        self.progress_step, self.progress_time = self.start_step, self.started
+        print("[%s] training started: log_dir=%s" % (self.role, args.log_dir), flush=True)
 
-    def role(self):
-        return "%s%d" % (self.args.job_name, self.args.task_index)
-
-    def evaluate(self, global_step, **scalars):
+    def evaluate(self, global_step, loss=None):
+        """The chief's test accuracy, also to TensorBoard with the loss."""
         accuracy = float(model_loss_and_accuracy(self.params, self.x_test, self.y_test)[1])
         self.history.append([round(time.time() - self.started, 3), global_step, accuracy])
-        scalar = tf.compat.v1.SummaryMetadata(plugin_data=tf.compat.v1.SummaryMetadata.PluginData(
-            plugin_name="scalars")).SerializeToString()  # what TensorBoard reads as a scalar
-        with self.writer.as_default():  # (tf.summary.scalar itself needs the tensorboard package)
-            for tag, value in dict(scalars, test_accuracy=accuracy).items():
-                tf.summary.write(tag, tf.constant(value, tf.float32), global_step, scalar)
+        with self.writer.as_default():
+            tf.summary.scalar("test_accuracy", accuracy, step=global_step)
+            if loss is not None:
+                tf.summary.scalar("loss", loss, step=global_step)
         return accuracy
 
     def progress(self, loss, global_step):
         """A progress line, a checkpoint; the chief adds the test accuracy and summaries."""
-        line = "[%s] global_step=%d loss=%.4f" % (self.role(), global_step, loss)
+        rate = (global_step - self.progress_step) / (time.time() - self.progress_time)
+        line = "[%s] global_step=%d loss=%.4f" % (self.role, global_step, loss)
         if self.is_chief:
-            line += " test_accuracy=%.4f" % self.evaluate(global_step, loss=loss)
-        now = time.time()
-        print(line + " steps_per_sec=%.1f" % ((global_step - self.last_log[0]) / max(
-            now - self.last_log[1], 1e-9)), flush=True)
-        self.last_log = (global_step, now)
+            line += " test_accuracy=%.4f" % self.evaluate(global_step, loss)
+        print(line + " steps_per_sec=%.1f" % rate, flush=True)
         self.manager.save(checkpoint_number=global_step)
+        self.progress_step, self.progress_time = global_step, time.time()
 
     def end(self, global_step, local_steps, lost_workers=0, minibatches_per_update=1, **extra):
         """The final checkpoint; the chief evaluates and prints the summary (and its JSON)."""
@@ -416,16 +470,10 @@ class Tf2Log(object):
             example=EXAMPLE, test_accuracy=self.evaluate(global_step), global_step=global_step,
             workers=len(self.cluster["worker"]), ps=len(self.cluster.get("ps", [])),
             lost_workers=lost_workers, local_steps=local_steps,
-            updates=global_step - self.start_step,
-            batch_size=self.args.batch_size, wall_seconds=seconds,
-            steps_per_sec=minibatches / seconds,
+            updates=global_step - self.start_step, steps_per_sec=minibatches / seconds,
             examples_per_sec=minibatches * self.args.batch_size / seconds, **extra)
-        print("[%s] summary " % self.role() + " ".join("%s=%s" % (k, ",".join(map(str, v)) if (
-            isinstance(v, list)) else "%.6g" % v if isinstance(v, float) else v)
-            for k, v in summary.items()), flush=True)
-        if self.args.metrics_file:
-            with open(self.args.metrics_file, "w") as f:
-                json.dump(dict(summary, history=self.history), f, indent=1)
+        self.writer.close()
+        print_summary(self.role, summary, self.history, self.args.metrics_file)
         return 0
 # <<< shared: tf2 log
 

@@ -45,9 +45,12 @@ def main():
              "| dropped gradients | test accuracy |", "|---|---|---|---|---|---|---|"]
     for delay, backup in [(0, 0), (args.delay, 0), (args.delay, 1)]:
         m = run(args.workers, backup, delay, args.steps)
+        n = m["replicas_to_aggregate"]
+        step_seconds = n / m["steps_per_sec"]  # a synchronous step aggregates n mini-batches
+        dropped = sum(s for s in m["local_steps"] if s > 0) - m["updates"] * n  # pushed, unused
         lines.append("| %g s | %d | %d of %d | %.3f s | %.1f | %d | %.3f |" % (
-            delay, backup, m["replicas_to_aggregate"], m["workers"], m["step_seconds"],
-            1 / m["step_seconds"], m["dropped_gradients"], m["test_accuracy"]))
+            delay, backup, n, m["workers"], step_seconds, 1 / step_seconds, dropped,
+            m["test_accuracy"]))
         print(lines[-1], flush=True)
     lines += ["", "%d workers on %d CPU core(s); --steps %d mini-batches per run"
               % (args.workers, os.cpu_count(), args.steps)]

@@ -1,4 +1,5 @@
 """Helpers for tests that start real processes: every wait is bounded, nothing is left running."""
+import ast
 import importlib.util
 import os
 import re
@@ -16,14 +17,23 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ACCURACY_BAR = 0.95  # the test accuracy every example must reach with its defaults
 
 
+def declared_jobs(example):
+    """The jobs an example's train.py declares in its JOBS constant: () for one process,
+    ("ps", "worker") for the classic examples, the TensorFlow 2 strategies' own otherwise."""
+    with open(os.path.join(ROOT, example, "train.py")) as f:
+        for node in ast.parse(f.read()).body:
+            if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == [
+                    "JOBS"]:
+                return tuple(ast.literal_eval(node.value))
+    raise AssertionError("%s/train.py declares no JOBS" % example)
+
+
 def _find_examples():
-    """Every folder with a train.py and a run.sh is an example; it is distributed when its
-    train.py carries the shared cluster block."""
+    """Every folder with a train.py and a run.sh is an example; the classic distributed ones run
+    on a ps with the workers' own sessions (JOBS = ("ps", "worker"))."""
     found = sorted(d for d in os.listdir(ROOT) if os.path.isfile(os.path.join(ROOT, d, "train.py"))
                    and os.path.isfile(os.path.join(ROOT, d, "run.sh")))
-    with_cluster = [d for d in found
-                    if "# >>> shared: cluster" in open(os.path.join(ROOT, d, "train.py")).read()]
-    return found, with_cluster
+    return found, [d for d in found if declared_jobs(d) == ("ps", "worker")]
 
 
 EXAMPLES, DISTRIBUTED_EXAMPLES = _find_examples()

@@ -1,0 +1,59 @@
+"""Copy the shared text from its reference file into every train.py (a maintainer's tool; the
+tests only check that the copies are equal).
+
+    python tests/sync_shared.py          # after editing a shared block in its reference file
+
+The reference of the appendix (from the plumbing banner to the end) is, by the jobs a train.py
+declares in JOBS: Distributed-Setup for ("ps", "worker"), ParameterServerStrategy for the other
+TensorFlow 2 examples' jobs, Non-Distributed-Setup for (). The reference of a shared block above
+the banner is the first file in REFERENCES that has it.
+"""
+import ast
+import os
+import re
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BANNER = "# " + "=" * 98 + "\n# Plumbing"
+BLOCK = re.compile(r"^# >>> shared: (.+?)\n(.*?)^# <<< shared: \1$", re.S | re.M)
+REFERENCES = ["Distributed-Setup", "ParameterServerStrategy", "Non-Distributed-Setup", "DOWNPOUR",
+              "Sync-SGD"]
+
+
+def declared_jobs(text):
+    """The value of the JOBS constant of a train.py's text (None if it declares none)."""
+    for node in ast.parse(text).body:
+        if isinstance(node, ast.Assign) and [getattr(t, "id", "") for t in node.targets] == ["JOBS"]:
+            return tuple(ast.literal_eval(node.value))
+    return None
+
+
+def family(jobs):
+    if jobs == ("ps", "worker"):
+        return "Distributed-Setup"
+    return "Non-Distributed-Setup" if jobs == () else "ParameterServerStrategy"
+
+
+def main():
+    examples = sorted(d for d in os.listdir(ROOT) if os.path.isfile(os.path.join(ROOT, d, "train.py")))
+    texts = {e: open(os.path.join(ROOT, e, "train.py")).read() for e in examples}
+    blocks = {}
+    for e in REFERENCES + examples:
+        for name, body in BLOCK.findall(texts[e][:texts[e].index(BANNER)]):
+            blocks.setdefault(name, body)
+    changed = []
+    for e in examples:
+        text = texts[e]
+        reference = texts[family(declared_jobs(text))]
+        above = BLOCK.sub(lambda m: "# >>> shared: %s\n%s# <<< shared: %s" % (
+            m.group(1), blocks[m.group(1)], m.group(1)), text[:text.index(BANNER)])
+        new = above + reference[reference.index(BANNER):]
+        if new != text:
+            with open(os.path.join(ROOT, e, "train.py"), "w") as f:
+                f.write(new)
+            changed.append(e)
+    print("updated: " + (", ".join(changed) or "nothing"))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
