@@ -48,7 +48,7 @@ import time
 
 import numpy as np
 
-tf = None  # TensorFlow loads once the flags are checked (run_task): bad input fails at once
+tf = None  # loaded once the flags are checked: bad input fails in one line, at once
 EXAMPLE = "AEASGD"
 JOBS = ("ps", "worker")  # the jobs of its cluster; deploy/ and the tests read them here
 
@@ -186,6 +186,18 @@ def worker_variables(prefix, like, initial_value):
 
 
 # --- The training loop ----------------------------------------------------------------------------
+# >>> shared: windowed loop
+def train_in_windows(session, log, args, local_step, push):
+    """Until the global step (it counts pushes) reaches --steps / --window: a window of local
+    steps on this worker alone, with no network traffic, then one push (its value: the global
+    step it made)."""
+    while log.step < math.ceil(args.steps / args.window):
+        for _ in range(args.window):
+            loss = session.run(local_step)
+        log.after_update(session, loss, session.run(push))
+# <<< shared: windowed loop
+
+
 def train(args, cluster, server):
     data = load_dataset(args.data_path)
     x, y = training_batches(data, args.batch_size, args.task_index, len(cluster["worker"]),
@@ -193,10 +205,7 @@ def train(args, cluster, server):
     aeasgd = build_aeasgd(args, cluster, x, y)
     log = TrainingLog(args, cluster, aeasgd.centre, data, steps_per_update=args.window)
     session = log.start(server)
-    while log.step < math.ceil(args.steps / args.window):  # the global step counts exchanges
-        for _ in range(args.window):  # on this worker alone: no network traffic
-            loss = session.run(aeasgd.local_step)
-        log.after_update(session, loss, session.run(aeasgd.exchange))
+    train_in_windows(session, log, args, aeasgd.local_step, aeasgd.exchange)
     return log.end(session, minibatches_per_update=args.window, window=args.window,
                    alpha=args.alpha)
 

@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-tf = None  # TensorFlow loads once the flags are checked (run_task): bad input fails at once
+tf = None  # loaded once the flags are checked: bad input fails in one line, at once
 EXAMPLE = "DOWNPOUR"
 JOBS = ("ps", "worker")  # the jobs of its cluster; deploy/ and the tests read them here
 
@@ -187,6 +187,18 @@ def count_staleness(log, update, pulled_at=None):
 
 
 # --- The training loop ----------------------------------------------------------------------------
+# >>> shared: windowed loop
+def train_in_windows(session, log, args, local_step, push):
+    """Until the global step (it counts pushes) reaches --steps / --window: a window of local
+    steps on this worker alone, with no network traffic, then one push (its value: the global
+    step it made)."""
+    while log.step < math.ceil(args.steps / args.window):
+        for _ in range(args.window):
+            loss = session.run(local_step)
+        log.after_update(session, loss, session.run(push))
+# <<< shared: windowed loop
+
+
 def train(args, cluster, server):
     data = load_dataset(args.data_path)
     x, y = training_batches(data, args.batch_size, args.task_index, len(cluster["worker"]),
@@ -195,10 +207,7 @@ def train(args, cluster, server):
     log = TrainingLog(args, cluster, downpour.global_params, data, steps_per_update=args.window)
     push_and_pull, mean_staleness = count_staleness(log, downpour.push_and_pull)
     session = log.start(server)
-    while log.step < math.ceil(args.steps / args.window):  # the global step counts pushes
-        for _ in range(args.window):  # on this worker alone: no network traffic
-            loss = session.run(downpour.local_step)
-        log.after_update(session, loss, session.run(push_and_pull))
+    train_in_windows(session, log, args, downpour.local_step, push_and_pull)
     return log.end(session, minibatches_per_update=args.window, window=args.window,
                    local_optimizer=args.local_optimizer, ps_optimizer=args.ps_optimizer,
                    mean_staleness=mean_staleness)

@@ -16,7 +16,7 @@ The update rule (each step of worker k)
     params <- params - learning_rate * g             # applied on the ps; global_step += 1
 
 Run it
-    bash run.sh                      # 1 ps + 1 worker on free localhost ports
+    bash run.sh                      # 1 ps + 2 workers on free localhost ports
     NUM_WORKERS=2 bash run.sh --steps 3000
     By hand, one terminal per task, on one machine or several (the same flags but the role):
       H="--ps_hosts h0:2222 --worker_hosts h1:2222"
@@ -42,7 +42,7 @@ import time
 
 import numpy as np
 
-tf = None  # TensorFlow loads once the flags are checked (start_server): bad input fails at once
+tf = None  # loaded once the flags are checked: bad input fails in one line, at once
 EXAMPLE = "Distributed-Setup"
 JOBS = ("ps", "worker")  # the jobs of its cluster; deploy/ and the tests read them here
 

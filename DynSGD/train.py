@@ -41,7 +41,7 @@ import time
 
 import numpy as np
 
-tf = None  # TensorFlow loads once the flags are checked (run_task): bad input fails at once
+tf = None  # loaded once the flags are checked: bad input fails in one line, at once
 EXAMPLE = "DynSGD"
 JOBS = ("ps", "worker")  # the jobs of its cluster; deploy/ and the tests read them here
 
@@ -185,6 +185,18 @@ def worker_variables(prefix, like, initial_value):
 
 
 # --- The training loop ----------------------------------------------------------------------------
+# >>> shared: windowed loop
+def train_in_windows(session, log, args, local_step, push):
+    """Until the global step (it counts pushes) reaches --steps / --window: a window of local
+    steps on this worker alone, with no network traffic, then one push (its value: the global
+    step it made)."""
+    while log.step < math.ceil(args.steps / args.window):
+        for _ in range(args.window):
+            loss = session.run(local_step)
+        log.after_update(session, loss, session.run(push))
+# <<< shared: windowed loop
+
+
 def train(args, cluster, server):
     data = load_dataset(args.data_path)
     x, y = training_batches(data, args.batch_size, args.task_index, len(cluster["worker"]),
@@ -194,10 +206,7 @@ def train(args, cluster, server):
     mean_staleness = dynsgd.staleness_sum / tf.maximum(dynsgd.global_step, 1)  # for the summary
     session = log.start(server)
     session.run(dynsgd.pull)  # the first pull: the ps notes its clock
-    while log.step < math.ceil(args.steps / args.window):  # the global step counts pushes
-        for _ in range(args.window):  # on this worker alone: no network traffic
-            loss = session.run(dynsgd.local_step)
-        log.after_update(session, loss, session.run(dynsgd.push_and_pull))
+    train_in_windows(session, log, args, dynsgd.local_step, dynsgd.push_and_pull)
     return log.end(session, minibatches_per_update=args.window, window=args.window,
                    mean_staleness=mean_staleness)
 

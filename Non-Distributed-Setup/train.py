@@ -30,7 +30,7 @@ import time
 
 import numpy as np
 
-tf = None  # TensorFlow loads once the flags are checked (main): bad input fails at once
+tf = None  # loaded once the flags are checked: bad input fails in one line, at once
 EXAMPLE = "Non-Distributed-Setup"
 JOBS = ()  # one process, no cluster; deploy/ and the tests read this here
 

@@ -44,7 +44,7 @@ import time
 
 import numpy as np
 
-tf = None  # TensorFlow loads once the flags are checked (run_task): bad input fails at once
+tf = None  # loaded once the flags are checked: bad input fails in one line, at once
 EXAMPLE = "ParameterServerStrategy"
 JOBS = ("chief", "worker", "ps")  # the jobs of its cluster; deploy/ and the tests read them here
 

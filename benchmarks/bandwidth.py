@@ -35,6 +35,7 @@ import sys
 import time
 
 import cluster  # benchmarks/cluster.py: the hosts, the rates and the bound
+import shared  # benchmarks/shared.py: link rates and the one-line error
 import readme  # benchmarks/readme.py: the figures reach the READMEs only through here
 import runs  # benchmarks/runs.py: how every benchmark runs an example and reads its metrics
 from runs import BASELINE, TARGET, mini_batches_per_sec, time_to_target
@@ -86,8 +87,8 @@ def write_table(path, results, baseline, rates, settings):
     reach = {example: time_to_target(m) for example, m in slow.items()}
     speed = {example: mini_batches_per_sec(m) for example, m in slow.items()}
     by_time, by_speed = rank(reach, higher_is_better=False), rank(speed, higher_is_better=True)
-    at = cluster.format_rate(rates[-1][1])
-    columns = (["example"] + ["mini-batches/s, %s" % cluster.format_rate(b) for _, b in rates]
+    at = shared.format_rate(rates[-1][1])
+    columns = (["example"] + ["mini-batches/s, %s" % shared.format_rate(b) for _, b in rates]
                + ["kB per mini-batch", "fraction of the bound, " + at,
                   "seconds to %.2f, %s" % (TARGET, at), "rank by time to %.2f, %s" % (TARGET, at),
                   "rank by mini-batches/s, " + at])
@@ -142,7 +143,7 @@ def plot_bandwidth(path, results, baseline, rates):
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xticks(xs)
-    ax.set_xticklabels([cluster.format_rate(b) for _, b in rates])
+    ax.set_xticklabels([shared.format_rate(b) for _, b in rates])
     ax.xaxis.set_minor_locator(plt.NullLocator())
     ax.yaxis.set_major_locator(plt.LogLocator(subs=(1.0, 2.0, 5.0)))
     ax.yaxis.set_major_formatter(plt.FuncFormatter(lambda y, _: "%g" % y))
@@ -160,7 +161,7 @@ def plot_accuracy(path, results, baseline, rate):
     label, bits = rate
     runs.plot_accuracy_against_time(
         path, [(example, by_rate[label]["history"]) for example, by_rate in results.items()],
-        "Test accuracy against wall time, every link at %s" % cluster.format_rate(bits),
+        "Test accuracy against wall time, every link at %s" % shared.format_rate(bits),
         reference=("%s (one process, no network)" % BASELINE, baseline["history"]))
 
 
@@ -194,7 +195,7 @@ def main(argv=None, prog="bandwidth.py"):
         if not args.from_logs:  # before any run: a machine that cannot fails in one line
             cluster.check_machine(needs_tc=any(bits is not None for _, bits in rates))
     except (ValueError, cluster.SetupError) as e:
-        return runs.one_line_error(str(e))
+        return shared.error(str(e))
     distributed, who = [e for e in names if e != BASELINE], os.path.splitext(prog)[0]
     plan = [(e, label) for e in distributed for label, _ in rates]
     started = time.time()

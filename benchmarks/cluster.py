@@ -48,6 +48,7 @@ with SIGKILL cannot clean up: `ip netns list` then shows its dtfg<pid>-* namespa
 `ip netns delete NAME` removes them.
 """
 import argparse
+import ast
 import ipaddress
 import itertools
 import json
@@ -61,6 +62,8 @@ import tempfile
 import threading
 import time
 
+from shared import error, format_rate, parse_rate  # benchmarks/shared.py
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_SUBNET = "10.77.0.0/16"
 PORT = 2222  # every task has an address of its own, so they can all use the same port
@@ -68,7 +71,6 @@ COMMAND_SECS = 10  # the longest one ip or tc command may take
 STOP_GRACE_SECS = 5  # between SIGTERM and SIGKILL when stopping a task
 PS_EXIT_SECS = 30  # the servers' time to exit once the run has ended (run.sh allows as long)
 POLL_SECS = 0.1
-RATE_UNITS = {"bit": 1, "kbit": 10 ** 3, "mbit": 10 ** 6, "gbit": 10 ** 9}  # tc's, decimal
 # flags that would override TF_CONFIG, or that the tool passes itself
 CLUSTER_FLAGS = ("--job_name", "--task_index", "--ps_hosts", "--worker_hosts", "--chief_host")
 OWN_FLAGS = ("--log_dir", "--metrics_file")
@@ -124,27 +126,6 @@ def check_machine(needs_tc):
 # ==================================================================================================
 # The network: a switch namespace with a bridge, and one namespace per host
 # ==================================================================================================
-def parse_rate(text):
-    """A rate in tc's units (20mbit, 1gbit, 500kbit) -> bits per second; unlimited -> None."""
-    if text.strip().lower() == "unlimited":
-        return None
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)([kmg]?bit)", text.strip().lower())
-    if not match or float(match.group(1)) * RATE_UNITS[match.group(2)] < 1000:
-        raise argparse.ArgumentTypeError(
-            "%r is not a rate: use for example 20mbit, 1gbit, 500kbit (at least 1kbit) or "
-            "unlimited" % text)
-    return int(float(match.group(1)) * RATE_UNITS[match.group(2)])
-
-
-def format_rate(bits_per_sec):
-    if bits_per_sec is None:
-        return "unlimited"
-    for unit, size in (("Gbit/s", 10 ** 9), ("Mbit/s", 10 ** 6), ("kbit/s", 10 ** 3)):
-        if bits_per_sec >= size:
-            return "%g %s" % (bits_per_sec / size, unit)
-    return "%d bit/s" % bits_per_sec
-
-
 def tbf_sizes(bits_per_sec):
     """The burst and the queue limit, in bytes, of a token bucket filter at this rate.
 
@@ -360,30 +341,22 @@ def tf_config(cluster, task):
     return json.dumps({"cluster": cluster, "task": {"type": task.job, "index": task.index}})
 
 
-def start_task(task, network, cluster, train_py, train_args, console, deployment=None):
+def start_task(task, network, cluster, train_py, train_args, console, pod=None):
     """Start train.py in the task's namespace, in a process group of its own, TF_CONFIG only
-    (with a deployment, the TF_CONFIG or the entrypoint that its manifest gives the pod)."""
+    (with a deployment, the environment and program that its manifest gives the pod)."""
     SIGNALS.check()
     env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
     env.update(PYTHONUNBUFFERED="1")
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    program = [train_py]
-    counts = {job: len(hosts) for job, hosts in cluster.items()}
-    if deployment == "tfjob":
-        env["TF_CONFIG"] = json.dumps(deploy_module("manifests").tfjob_tf_config(
-            deployment_name(train_py), "default", counts, task.job, task.index))
-    elif deployment == "plain":
-        manifests = deploy_module("manifests")
-        pod = argparse.Namespace(example=os.path.basename(os.path.dirname(train_py)),
-                                 name=deployment_name(train_py), counts=counts)
-        env.update((e["name"], e["value"]) for e in manifests.plain_env(pod, task.job))
-        env.update(POD_NAMESPACE="default", JOB_COMPLETION_INDEX=str(task.index))
-        program = [os.path.join(ROOT, "deploy", "entrypoint.py")]
+    if pod:
+        env.update(pod["env"])
+        program = os.path.join(ROOT, pod["program"])
     else:
         env["TF_CONFIG"] = tf_config(cluster, task)
+        program = train_py
     # ip netns exec enters the namespace and then execs python: the PID is train.py's own
     command = [tool_path("ip"), "netns", "exec", network.namespace(task.role),
-               sys.executable] + program + list(train_args)
+               sys.executable, program] + list(train_args)
     task.proc = subprocess.Popen(command, cwd=os.path.dirname(train_py), env=env,
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                  errors="replace", start_new_session=True)
@@ -395,27 +368,17 @@ def start_task(task, network, cluster, train_py, train_args, console, deployment
         cluster[task.job][task.index]))
 
 
-def deploy_module(name):
-    """deploy/manifests.py or deploy/entrypoint.py, which name the hosts of a deployment."""
-    sys.path.insert(0, os.path.join(ROOT, "deploy"))
-    return __import__(name)
-
-
-def deployment_name(train_py):
-    return os.path.basename(os.path.dirname(train_py)).lower().replace("_", "-")
-
-
-def deployment_hosts(deployment, train_py, tasks):
-    """Each task's host name as the deployment's DNS would give it (role: name)."""
-    name, counts = deployment_name(train_py), {job: sum(t.job == job for t in tasks)
-                                               for job in sorted({t.job for t in tasks})}
-    if deployment == "tfjob":
-        config = deploy_module("manifests").tfjob_tf_config(name, "default", counts, "ps", 0)
-        addresses = {t.role: config["cluster"][t.job][t.index] for t in tasks}
-    else:
-        addresses = {t.role: deploy_module("entrypoint").host(name, "default", t.job, t.index)
-                     for t in tasks}
-    return {role: address.rsplit(":", 1)[0] for role, address in addresses.items()}
+def deployment_pods(deployment, train_py, counts):
+    """Each task's pod as deploy/manifests.py describes it (--pods), by role: its host name, its
+    environment and its program. The manifests own what a pod gets; this only runs it."""
+    example = os.path.basename(os.path.dirname(train_py))
+    command = [sys.executable, os.path.join(ROOT, "deploy", "manifests.py"), example,
+               "--kind", deployment, "--image", "emulated", "--workers", str(counts["worker"]),
+               "--pods"] + (["--ps", str(counts["ps"])] if "ps" in counts else [])
+    described = subprocess.run(command, capture_output=True, text=True, timeout=COMMAND_SECS)
+    if described.returncode != 0:
+        raise SetupError("deploy/manifests.py: " + described.stderr.strip().splitlines()[-1])
+    return {"%s%d" % (pod["job"], pod["index"]): pod for pod in json.loads(described.stdout)}
 
 
 def reap(tasks):
@@ -599,6 +562,16 @@ def print_report(console, report, status):
 # ==================================================================================================
 # main
 # ==================================================================================================
+def declared_jobs(train_py):
+    """The jobs of the example's cluster, as its train.py declares them in JOBS."""
+    with open(train_py) as f:
+        for node in ast.parse(f.read()).body:
+            if isinstance(node, ast.Assign) and [getattr(t, "id", "") for t in node.targets] == [
+                    "JOBS"]:
+                return tuple(ast.literal_eval(node.value))
+    return ()
+
+
 def find_train_py(example):
     """EXAMPLE: a folder of this repository (Hogwild) or a path to one; its train.py and the
     jobs its TF_CONFIG names (ps and worker; chief, ps and worker; or worker alone)."""
@@ -606,7 +579,7 @@ def find_train_py(example):
     train_py = os.path.abspath(os.path.join(folder, "train.py"))
     if not os.path.isfile(train_py):
         raise SetupError("%s has no train.py: give an example folder such as Hogwild" % example)
-    jobs = deploy_module("manifests").jobs_of(train_py)
+    jobs = declared_jobs(train_py)
     if not jobs:
         raise SetupError("%s/train.py is not distributed: it does not read TF_CONFIG"
                          % example)
@@ -686,12 +659,9 @@ def parser():
                    help="run each task as its pod in deploy/manifests.py's manifest would run: "
                         "the host names and TF_CONFIG a TFJob operator gives it, or plain "
                         "Kubernetes' entrypoint (default: IP addresses in TF_CONFIG)")
+    p.error = lambda message: sys.exit(error("%s (see python benchmarks/cluster.py --help)"
+                                             % message))
     return p
-
-
-def error(message):
-    print("error: " + message, file=sys.stderr, flush=True)
-    return 2
 
 
 def main(argv=None):
@@ -733,15 +703,17 @@ def run_cluster(args, train_py, train_args, counts):
                        network.prefix, network.subnet, format_rate(args.bandwidth)))
         network.create()
         names = {t.role: network.address(t.role) for t in tasks}
+        pods = {}
         if args.deployment:
-            names = deployment_hosts(args.deployment, train_py, tasks)
+            pods = deployment_pods(args.deployment, train_py, counts)
+            names = {role: pod["host"] for role, pod in pods.items()}
             network.name_hosts(names)
         cluster = {job: ["%s:%d" % (names[t.role], PORT) for t in tasks if t.job == job]
                    for job in counts}
         before = {role: network.counters(role) for role in roles}
         deadline = time.time() + args.timeout
         for task in tasks:
-            start_task(task, network, cluster, train_py, train_args, console, args.deployment)
+            start_task(task, network, cluster, train_py, train_args, console, pods.get(task.role))
         failed = supervise(tasks, console, deadline, args.keep_going)
         stop_tasks(tasks)  # whatever still runs after a failure or a timeout
         after = {role: network.counters(role) for role in roles}

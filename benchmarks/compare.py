@@ -28,6 +28,7 @@ import sys
 import time
 
 import readme  # benchmarks/readme.py: the figures reach the READMEs only through here
+import shared  # benchmarks/shared.py: link rates and the one-line error
 import runs  # benchmarks/runs.py: how every benchmark runs an example and reads its metrics
 from runs import BASELINE, ROOT, TARGET, line_style, time_to_target
 
@@ -113,7 +114,7 @@ def main(argv=None):
     try:
         names = runs.select_examples(args.examples)
     except ValueError as e:
-        return runs.one_line_error(str(e))
+        return shared.error(str(e))
     plan = [(e, 1 if e == BASELINE else 2, r) for e in names for r in range(args.repeats)]
     plan += [(e, w, 0) for e in names if e != BASELINE for w in worker_counts if w != 2]
     results, scaling, started = {}, {}, time.time()

@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 
-import cluster  # benchmarks/cluster.py: the rates it takes
+import shared  # benchmarks/shared.py: link rates and the one-line error
 import readme  # benchmarks/readme.py: where the published figures live
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -155,7 +155,7 @@ def link_rate(label):
     """A --bandwidth rate as cluster.py takes it (20mbit, 1gbit, unlimited) -> bits per second,
     None for unlimited; ValueError with cluster.py's explanation otherwise."""
     try:
-        return cluster.parse_rate(label)
+        return shared.parse_rate(label)
     except argparse.ArgumentTypeError as e:
         raise ValueError("--bandwidth: %s" % e)
 
@@ -224,15 +224,9 @@ def plot_accuracy_against_time(path, histories, title, reference=None):
     plt.close(fig)
 
 
-def one_line_error(message):
-    """Bad input or a machine that cannot: one line, exit status 2 (as cluster.py does)."""
-    print("error: " + message, file=sys.stderr, flush=True)
-    return 2
-
-
 def argparse_for(prog, doc, help_command=None):
     """A parser whose usage errors are one `error:` line and exit status 2."""
     p = argparse.ArgumentParser(prog=prog, description=doc.splitlines()[0])
     help_command = help_command or "python benchmarks/%s --help" % prog
-    p.error = lambda message: sys.exit(one_line_error("%s (see %s)" % (message, help_command)))
+    p.error = lambda message: sys.exit(shared.error("%s (see %s)" % (message, help_command)))
     return p

@@ -31,6 +31,7 @@ import sys
 import time
 
 import cluster  # benchmarks/cluster.py: rates, and what a machine needs for --bandwidth
+import shared  # benchmarks/shared.py: link rates and the one-line error
 import readme  # benchmarks/readme.py: the figures reach the READMEs only through here
 import runs  # benchmarks/runs.py: how every benchmark runs an example and reads its metrics
 from runs import TARGET, mini_batches_per_sec, time_to_target
@@ -143,7 +144,7 @@ def main(argv=None):
             if not args.from_logs:  # before any run: a machine that cannot fails in one line
                 cluster.check_machine(needs_tc=rate is not None)
     except (ValueError, cluster.SetupError) as e:
-        return runs.one_line_error(str(e))
+        return shared.error(str(e))
     plan = [(example, window) for example in EXAMPLES for window in windows]
     results, started = {}, time.time()
     for i, (example, window) in enumerate(plan, 1):
@@ -160,7 +161,7 @@ def main(argv=None):
                                               sudo=args.bandwidth is not None),
                     workers=args.workers, learning_rate=args.learning_rate, steps=args.steps,
                     batch_size=args.batch_size,
-                    bandwidth=None if args.bandwidth is None else cluster.format_rate(rate))
+                    bandwidth=None if args.bandwidth is None else shared.format_rate(rate))
     table = write_table(os.path.join(args.out, "window_sweep.md"), results, windows, settings)
     print(table)
     if runs.publishing(args, args.quick):

@@ -44,9 +44,9 @@ def main(argv):
         config = tf_config(os.environ)
         example = os.environ["DTFG_EXAMPLE"]
     except KeyError as e:
-        return fail("%s is not set: the manifest sets it (deploy/manifests.py --kind plain)" % e)
+        return fail("entrypoint: %s is not set: the manifest sets it (deploy/manifests.py --kind plain)" % e)
     except ValueError as e:
-        return fail("a count or index is not a whole number (%s)" % e)
+        return fail("entrypoint: a count or index is not a whole number (%s)" % e)
     train_py = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                             example, "train.py")
     os.environ["TF_CONFIG"] = config
@@ -55,7 +55,8 @@ def main(argv):
 
 
 def fail(message):
-    print("error: entrypoint: " + message, file=sys.stderr)
+    """One `error:` line on stderr; returns the exit status, 2 (the manifests use it too)."""
+    print("error: " + message, file=sys.stderr, flush=True)
     return 2
 
 

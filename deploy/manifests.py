@@ -17,6 +17,7 @@ pod, and a restarted chief resumes from them.
 """
 import argparse
 import ast
+import json
 import os
 import re
 import sys
@@ -40,16 +41,14 @@ def examples():
 
 
 def jobs_of(train_py):
-    """ps and worker for the parameter-server examples (their chief is worker 0); the jobs that
-    TensorFlow 2's strategies name in their tf2_cluster call (a chief for the coordinator, or
-    workers only); none for an example that trains in one process."""
+    """The jobs a train.py declares in its JOBS constant, in the manifests' order: ps and
+    worker for the parameter-server examples (their chief is worker 0), the jobs TensorFlow 2's
+    strategies need (a chief for the coordinator, or workers only), none for one process."""
     with open(train_py) as f:
-        source = f.read()
-    if "# >>> shared: cluster and session" in source:
-        return ("ps", "worker")
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "tf2_cluster":
-            return tuple(job for job in JOBS if job in ast.literal_eval(node.args[1]))
+        for node in ast.parse(f.read()).body:
+            if isinstance(node, ast.Assign) and [getattr(t, "id", "") for t in node.targets] == [
+                    "JOBS"]:
+                return tuple(job for job in JOBS if job in ast.literal_eval(node.value))
     return ()
 
 
@@ -190,8 +189,7 @@ def scalar(v):
 def parse(argv):
     split = argv.index("--") if "--" in argv else len(argv)
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.error = lambda message: sys.exit(print("error: %s (see --help)" % message,
-                                             file=sys.stderr) or 2)
+    p.error = lambda message: sys.exit(entrypoint.fail("%s (see --help)" % message))
     p.add_argument("example", help="an example folder, e.g. DOWNPOUR")
     p.add_argument("--kind", choices=("tfjob", "plain"), default="tfjob")
     p.add_argument("--image", required=True, help="the image built from deploy/Dockerfile")
@@ -202,6 +200,8 @@ def parse(argv):
                    "lowercase)")
     p.add_argument("--namespace", default="default")
     p.add_argument("--volume_claim", default="", help="a PersistentVolumeClaim for /logs")
+    p.add_argument("--pods", action="store_true", help="instead of the manifest, each pod's host "
+                   "name, environment and program, as JSON (benchmarks/cluster.py runs them)")
     args = p.parse_args(argv[:split])
     args.train_args = argv[split + 1:]
     found = examples()
@@ -224,8 +224,32 @@ def parse(argv):
     return args
 
 
+def pods(args):
+    """Each pod of the run as the manifest starts it: its host name, the environment that the
+    operator (TFJob) or the manifest and Kubernetes (plain) give it, and the program it runs."""
+    found = []
+    for job, n in args.counts.items():
+        for index in range(n):
+            if args.kind == "tfjob":
+                config = tfjob_tf_config(args.name, args.namespace, args.counts, job, index)
+                address = config["cluster"][job][index]
+                env = {"TF_CONFIG": json.dumps(config)}
+                program = "%s/train.py" % args.example
+            else:
+                address = entrypoint.host(args.name, args.namespace, job, index)
+                env = {e["name"]: e["value"] for e in plain_env(args, job)}
+                env.update(POD_NAMESPACE=args.namespace, JOB_COMPLETION_INDEX=str(index))
+                program = "deploy/entrypoint.py"
+            found.append({"job": job, "index": index, "host": address.rsplit(":", 1)[0],
+                          "env": env, "program": program})
+    return found
+
+
 def main(argv=None):
     args = parse(sys.argv[1:] if argv is None else argv)
+    if args.pods:
+        print(json.dumps(pods(args), indent=1))
+        return 0
     docs = tfjob(args) if args.kind == "tfjob" else plain(args)
     print("\n---\n".join(to_yaml(d) for d in docs))
     return 0
