@@ -127,9 +127,7 @@ def build_hogwild(args, cluster, x, y):
     """One Hogwild step of this worker on the mini-batch (x, y): pull, gradient, push; its value
     is the global step it made. replica_device_setter puts every variable on the ps and every
     other op on this worker: the parameters exist once, the gradient is computed here."""
-    with tf.compat.v1.device(tf.compat.v1.train.replica_device_setter(
-            cluster=tf.compat.v1.train.ClusterSpec(cluster),
-            worker_device="/job:worker/task:%d" % args.task_index)):
+    with tf.compat.v1.device(ps_device(args, cluster)):
         global_step = tf.compat.v1.train.get_or_create_global_step()
         global_params = model_params(int(x.shape[1]), args.hidden, args.seed)
         # pull: the forward pass reads global_params from the ps as they are at this moment
@@ -189,14 +187,15 @@ def main(argv=None):
 # train.py that runs on a ps (a test keeps the copies equal):
 #   1. flags, and the cluster from them or from TF_CONFIG          parse_flags, resolve_cluster,
 #                                                                  check_cluster
-#   2. this task's server; a failure ends the task in one line    run_task, fail, cause
-#   3. the start-up barrier: a worker waits for the ps to answer  wait_for, is_listening
-#   4. ending the ps, which TensorFlow's server never does itself serve
-#   5. the session on the ps and this worker only; the chief
+#   2. variables on the ps, every other op on this worker          ps_device
+#   3. this task's server; a failure ends the task in one line    run_task, fail, cause
+#   4. the start-up barrier: a worker waits for the ps to answer  wait_for, is_listening
+#   5. ending the ps, which TensorFlow's server never does itself serve
+#   6. the session on the ps and this worker only; the chief
 #      initialises or restores the variables, the others wait     TrainingLog.start
-#   6. progress lines; the chief's test accuracy, checkpoints and
+#   7. progress lines; the chief's test accuracy, checkpoints and
 #      TensorBoard summaries                                      after_update, evaluate
-#   7. the end: the chief waits for the others, names any it
+#   8. the end: the chief waits for the others, names any it
 #      lost, and prints the summary line                          end, print_summary
 # >>> shared: flags
 def fail(message):
@@ -335,6 +334,14 @@ def resolve_cluster(args):
     check_cluster(cluster, job, index)
     args.job_name, args.task_index = job, index
     return cluster
+
+
+def ps_device(args, cluster):
+    """Where a worker's ops go: every variable made under this device function to a ps task
+    (whole variables, round-robin over several ps), every other op to this worker."""
+    return tf.compat.v1.train.replica_device_setter(
+        cluster=tf.compat.v1.train.ClusterSpec(cluster),
+        worker_device="/job:worker/task:%d" % args.task_index)
 
 
 def run_task(args, cluster, train):

@@ -135,9 +135,7 @@ def build_sync_sgd(args, cluster, x, y):
     """Synchronous SGD: gradients meet in accumulators on the ps; one averaged update a step."""
     workers = len(cluster["worker"])
     replicas_to_aggregate = workers - args.backup_workers
-    with tf.compat.v1.device(tf.compat.v1.train.replica_device_setter(
-            cluster=tf.compat.v1.train.ClusterSpec(cluster),
-            worker_device="/job:worker/task:%d" % args.task_index)):
+    with tf.compat.v1.device(ps_device(args, cluster)):
         global_step = tf.compat.v1.train.get_or_create_global_step()
         global_params = model_params(int(x.shape[1]), args.hidden, args.seed)
         loss = model_loss_and_accuracy(global_params, x, y)[0]
@@ -167,6 +165,15 @@ def sync_round(session, fetches, args, name):
     except tf.errors.DeadlineExceededError:
         fail("worker%d: no %s completed within %g s: a worker is missing (--backup_workers lets "
              "training go on without it)" % (args.task_index, name, args.step_timeout))
+
+def replicas_per_round(args, cluster):
+    """N, the workers whose contributions make a step or round: all but --backup_workers; at
+    least one, or the flags fail here in one line."""
+    workers = len(cluster["worker"])
+    if args.backup_workers >= workers:
+        fail("--backup_workers %d needs at least %d workers (have %d)"
+             % (args.backup_workers, args.backup_workers + 1, workers))
+    return workers - args.backup_workers
 # <<< shared: sync replicas
 
 
@@ -195,9 +202,7 @@ def train(args, cluster, server):
 def main(argv=None):
     args = parse_flags(argv, example_flags)  # bad input fails here, before TensorFlow loads
     cluster = resolve_cluster(args)
-    if args.backup_workers >= len(cluster["worker"]):
-        fail("--backup_workers %d needs at least %d workers (have %d)" % (
-            args.backup_workers, args.backup_workers + 1, len(cluster["worker"])))
+    replicas_per_round(args, cluster)  # checks --backup_workers
     return run_task(args, cluster, train)
 
 
@@ -208,14 +213,15 @@ def main(argv=None):
 # train.py that runs on a ps (a test keeps the copies equal):
 #   1. flags, and the cluster from them or from TF_CONFIG          parse_flags, resolve_cluster,
 #                                                                  check_cluster
-#   2. this task's server; a failure ends the task in one line    run_task, fail, cause
-#   3. the start-up barrier: a worker waits for the ps to answer  wait_for, is_listening
-#   4. ending the ps, which TensorFlow's server never does itself serve
-#   5. the session on the ps and this worker only; the chief
+#   2. variables on the ps, every other op on this worker          ps_device
+#   3. this task's server; a failure ends the task in one line    run_task, fail, cause
+#   4. the start-up barrier: a worker waits for the ps to answer  wait_for, is_listening
+#   5. ending the ps, which TensorFlow's server never does itself serve
+#   6. the session on the ps and this worker only; the chief
 #      initialises or restores the variables, the others wait     TrainingLog.start
-#   6. progress lines; the chief's test accuracy, checkpoints and
+#   7. progress lines; the chief's test accuracy, checkpoints and
 #      TensorBoard summaries                                      after_update, evaluate
-#   7. the end: the chief waits for the others, names any it
+#   8. the end: the chief waits for the others, names any it
 #      lost, and prints the summary line                          end, print_summary
 # >>> shared: flags
 def fail(message):
@@ -354,6 +360,14 @@ def resolve_cluster(args):
     check_cluster(cluster, job, index)
     args.job_name, args.task_index = job, index
     return cluster
+
+
+def ps_device(args, cluster):
+    """Where a worker's ops go: every variable made under this device function to a ps task
+    (whole variables, round-robin over several ps), every other op to this worker."""
+    return tf.compat.v1.train.replica_device_setter(
+        cluster=tf.compat.v1.train.ClusterSpec(cluster),
+        worker_device="/job:worker/task:%d" % args.task_index)
 
 
 def run_task(args, cluster, train):
