@@ -316,3 +316,24 @@ def test_downpour_trains_as_its_pods_would_and_leaves_nothing(deployment, tmp_pa
         assert not left, "hosts files left behind: %s" % left
     finally:
         assert_run_left_nothing(proc, tmp_path)
+
+
+@pytest.mark.parametrize("kind", ["tfjob", "plain"])
+def test_each_pod_is_described_as_its_manifest_runs_it(kind):
+    """--pods (what benchmarks/cluster.py runs): every pod of the run, its host the one its own
+    TF_CONFIG names for it, with the operator's TF_CONFIG or the entrypoint's environment."""
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "deploy", "manifests.py"),
+                          "ParameterServerStrategy", "--kind", kind, "--image", "x",
+                          "--workers", "3", "--pods"], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    pods = json.loads(out.stdout)
+    assert sorted((p["job"], p["index"]) for p in pods) == [
+        ("chief", 0), ("ps", 0), ("worker", 0), ("worker", 1), ("worker", 2)]
+    for pod in pods:
+        config = json.loads(pod["env"]["TF_CONFIG"] if kind == "tfjob" else
+                            entrypoint.tf_config(pod["env"]))
+        assert config["task"] == {"type": pod["job"], "index": pod["index"]}
+        own = config["cluster"][pod["job"]][pod["index"]]
+        assert own == "%s:%d" % (pod["host"], entrypoint.PORT)
+        program = "ParameterServerStrategy/train.py" if kind == "tfjob" else "deploy/entrypoint.py"
+        assert pod["program"] == program
