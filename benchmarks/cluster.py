@@ -10,6 +10,13 @@ counters tell how many bytes each host sent and received.
     sudo python benchmarks/cluster.py Hogwild                     # 1 ps + 2 workers, unlimited
     sudo python benchmarks/cluster.py DOWNPOUR --bandwidth 20mbit -- --steps 2000 --window 5
     sudo python benchmarks/cluster.py Sync-SGD --workers 3 --metrics_file sync.json
+    sudo python benchmarks/cluster.py DOWNPOUR --cpus 0.4 --workers 3     # hosts of 0.4 core
+
+With --cpus C each host also gets a cgroup of its own whose CPU quota caps it at C cores (cgroup
+v1's cpu controller, or v2's cpu.max), so that, as on a real cluster, every worker adds
+computing power; without it every task shares this machine's cores, and one process is always
+the fastest. The hosts may take at most the machine's cores in all (hosts x C); the report
+names the quota and the CPU seconds each host used. The groups are removed at the end.
 
 Everything after `--` goes to every train.py. Each task runs as
 `ip netns exec <namespace> python EXAMPLE/train.py ARGS`, configured only through TF_CONFIG, the
@@ -40,7 +47,7 @@ task's namespace (what the task sends) and on its bridge port inside the switch 
 the task receives). The tool exits with 0 when every task did; 1 when a task failed or the run
 timed out; 2 for bad input or a machine that cannot do this; 128+N after signal N (Ctrl-C: 130).
 In every case it stops every task it started and deletes every namespace it made (and with them
-the veth pairs and the bridge).
+the veth pairs and the bridge), and every cgroup.
 
 Needs: Linux, root (namespaces and qdiscs), iproute2's `ip` (and `tc` for --bandwidth), and the
 examples' own Python packages (TensorFlow) in the Python that runs this script. A run killed
@@ -290,6 +297,108 @@ class Network(object):
 
 
 # ==================================================================================================
+# CPU: with --cpus, each host gets a cgroup of its own that caps it at that many cores
+# ==================================================================================================
+class CpuQuotas(object):
+    """One cgroup per host, capped at `cores` cores by the kernel's CFS quota (quota/period),
+    made by this run and removed by it; cgroup v1 (the `cpu` controller, and `cpuacct` to
+    measure) or v2 (`cpu.max`, `cpu.stat`), whichever this machine has.
+
+    A task joins its host's group before it execs python, so all its threads are capped. Every
+    task on this machine otherwise shares its cores: one process is then always the fastest,
+    and only hosts with CPUs of their own show what a cluster gains from more workers."""
+    PERIOD_US = 100000
+
+    def __init__(self, prefix, hosts, cores):
+        self.prefix, self.hosts, self.cores = prefix, list(hosts), cores
+        self.made = []  # the groups this run made: the only ones it removes
+        if len(self.hosts) * cores > os.cpu_count() + 1e-9:
+            raise SetupError("%d hosts x %g cores = %g cores, more than this machine's %d: give "
+                             "--cpus %g or less" % (len(self.hosts), cores, len(self.hosts) * cores,
+                                                    os.cpu_count(), os.cpu_count() / len(self.hosts)))
+        if os.path.isfile("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"):  # v1, as on this machine
+            self.version, self.limit_root = 1, "/sys/fs/cgroup/cpu"
+            cpuacct = "/sys/fs/cgroup/cpuacct"
+            self.usage_root = cpuacct if os.path.isfile(cpuacct + "/cpuacct.usage") else None
+        elif "cpu" in read_text("/sys/fs/cgroup/cgroup.controllers").split():  # v2
+            self.version, self.limit_root = 2, "/sys/fs/cgroup"
+            self.usage_root = None  # the same group: cpu.stat
+        else:
+            raise SetupError("--cpus needs a cgroup cpu controller (v1 or v2), and none is here")
+        if not os.access(self.limit_root, os.W_OK):
+            raise SetupError("--cpus: %s is not writable: run it as root, on a machine (or "
+                             "container) that lets you make cgroups" % self.limit_root)
+
+    def group(self, host, root=None):
+        return os.path.join(root or self.limit_root, "%s-%s" % (self.prefix, host))
+
+    def create(self):
+        if self.version == 2:  # the parent hands the cpu controller to its children
+            write_text(os.path.join(self.limit_root, "cgroup.subtree_control"), "+cpu")
+        for host in self.hosts:
+            for root in filter(None, (self.limit_root, self.usage_root)):
+                self.made.append(self.group(host, root))  # before: mkdir may act, then fail
+                os.mkdir(self.group(host, root))
+            quota = int(self.cores * self.PERIOD_US)
+            if self.version == 1:
+                write_text(os.path.join(self.group(host), "cpu.cfs_period_us"), self.PERIOD_US)
+                write_text(os.path.join(self.group(host), "cpu.cfs_quota_us"), quota)
+            else:
+                write_text(os.path.join(self.group(host), "cpu.max"),
+                           "%d %d" % (quota, self.PERIOD_US))
+
+    def join_command(self, host):
+        """A command prefix that puts its process in the host's groups, then execs the rest."""
+        procs = " ".join(os.path.join(self.group(host, root), "cgroup.procs")
+                         for root in filter(None, (self.limit_root, self.usage_root)))
+        return ["sh", "-c", 'for f in %s; do echo $$ > "$f" || exit 125; done; exec "$@"' % procs,
+                "sh"]
+
+    def cpu_seconds(self, host):
+        """CPU time the host's processes have used since its group was made."""
+        if self.usage_root:
+            return int(read_text(os.path.join(self.group(host, self.usage_root),
+                                              "cpuacct.usage"))) / 1e9
+        stat = dict(line.split() for line in read_text(
+            os.path.join(self.group(host), "cpu.stat")).splitlines())
+        return int(stat["usage_usec"]) / 1e6
+
+    def remove(self):
+        """Remove the groups this run made (their processes have ended). Returns the problems
+        as lines; it never raises, as it runs on the way out of failures."""
+        problems = []
+        for group in reversed(self.made):
+            deadline = time.time() + 5
+            while os.path.isdir(group):
+                try:
+                    os.rmdir(group)
+                except OSError as e:  # busy for a moment after its last process has ended
+                    if time.time() > deadline:
+                        problems.append("cannot remove %s: %s" % (group, e))
+                        break
+                    time.sleep(POLL_SECS)  # the pace of the retries
+        self.made = []
+        return problems
+
+
+def read_text(path):
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def write_text(path, value):
+    try:
+        with open(path, "w") as f:
+            f.write(str(value))
+    except OSError as e:
+        raise SetupError("cannot write %s: %s" % (path, e))
+
+
+
+# ==================================================================================================
 # Tasks: one train.py per host, its output labelled with its role
 # ==================================================================================================
 class Console(object):
@@ -341,7 +450,8 @@ def tf_config(cluster, task):
     return json.dumps({"cluster": cluster, "task": {"type": task.job, "index": task.index}})
 
 
-def start_task(task, network, cluster, train_py, train_args, console, pod=None):
+def start_task(task, network, cluster, train_py, train_args, console, pod=None,
+               quotas=None):
     """Start train.py in the task's namespace, in a process group of its own, TF_CONFIG only
     (with a deployment, the environment and program that its manifest gives the pod)."""
     SIGNALS.check()
@@ -354,9 +464,11 @@ def start_task(task, network, cluster, train_py, train_args, console, pod=None):
     else:
         env["TF_CONFIG"] = tf_config(cluster, task)
         program = train_py
-    # ip netns exec enters the namespace and then execs python: the PID is train.py's own
-    command = [tool_path("ip"), "netns", "exec", network.namespace(task.role),
-               sys.executable, program] + list(train_args)
+    # sh joins the host's cgroup and execs ip, which enters the namespace (where /sys is
+    # remounted: no cgroups in sight) and execs python: the PID is train.py's own
+    quota = quotas.join_command(task.role) if quotas else []
+    command = quota + [tool_path("ip"), "netns", "exec", network.namespace(task.role),
+                       sys.executable, program] + list(train_args)
     task.proc = subprocess.Popen(command, cwd=os.path.dirname(train_py), env=env,
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                  errors="replace", start_new_session=True)
@@ -556,6 +668,11 @@ def print_report(console, report, status):
              "busiest_host=%s" % link["host"], "busiest_direction=%s" % link["direction"],
              "busiest_bytes=%d" % link["bytes"]]
     pairs += ["%s=%.6g" % (k, report[k]) for k in keys if report.get(k) is not None]
+    pairs.append("cpus_per_host=%s" % report.get("cpus_per_host", "shared"))
+    cpu = {k[len("cpu_seconds_"):]: v for k, v in report.items() if k.startswith("cpu_seconds_")}
+    if cpu:
+        console.say("CPU seconds used, per host (each capped at %s cores): %s" % (
+            report["cpus_per_host"], ", ".join("%s %.1f" % kv for kv in cpu.items())))
     console.say("summary " + " ".join(pairs))
 
 
@@ -593,6 +710,22 @@ def task_counts(jobs, ps, workers, example):
         raise SetupError("%s has no parameter servers: leave out --ps" % example)
     given = {"chief": 1, "ps": 1 if ps is None else ps, "worker": workers}
     return {job: given[job] for job in ("ps", "worker", "chief") if job in jobs}
+
+
+def positive_cores(text):
+    try:
+        cores = float(text)
+    except ValueError:
+        cores = 0
+    if not cores > 0:
+        raise argparse.ArgumentTypeError("%r is not a number of cores above 0, such as 0.4" % text)
+    return cores
+
+
+def describe_cpus(cpus):
+    if not cpus:
+        return "shared (every host uses this machine's cores)"
+    return "%g core(s) per host (a cgroup CPU quota of its own)" % cpus
 
 
 def describe_counts(counts):
@@ -637,6 +770,9 @@ def parser():
     p.add_argument("--bandwidth", type=parse_rate, default=None, metavar="RATE",
                    help="limit each host's link to RATE both ways, in tc's units: 20mbit, "
                         "1gbit, 500kbit; or unlimited (default: unlimited)")
+    p.add_argument("--cpus", type=positive_cores, default=None, metavar="C",
+                   help="cap each host at C cores (0.4, 1) by a cgroup CPU quota of its own, as "
+                        "if each were a machine of its own (default: the hosts share the cores)")
     p.add_argument("--timeout", type=float, default=600,
                    help="seconds the whole run may take before every task is stopped "
                         "(default: 600)")
@@ -672,6 +808,8 @@ def main(argv=None):
         train_py, jobs = find_train_py(args.example)
         counts = task_counts(jobs, args.ps, args.workers, args.example)
         check_train_args(train_args)
+        if args.cpus:  # refuses, before anything is made, what this machine cannot give
+            CpuQuotas("dtfg%d" % os.getpid(), range(sum(counts.values())), args.cpus)
         check_machine(needs_tc=args.bandwidth is not None)
     except SetupError as e:
         return error(str(e))
@@ -688,19 +826,24 @@ def run_cluster(args, train_py, train_args, counts):
     if args.metrics_file and os.path.exists(metrics_file):
         os.remove(metrics_file)  # a failed run must not leave an earlier run's figures behind
     train_args = list(train_args) + ["--log_dir", log_dir, "--metrics_file", metrics_file]
-    status, network = 1, None
+    status, network, quotas = 1, None, None
 
     def clean_up():
         stop_tasks(tasks)
-        for problem in (network.remove() if network else []):
+        for problem in (network.remove() if network else []) + (
+                quotas.remove() if quotas else []):
             console.say("clean-up: " + problem)
 
     def run():
-        nonlocal network
+        nonlocal network, quotas
         network = Network("dtfg%d" % os.getpid(), roles, args.bandwidth, args.subnet)
-        console.say("%s of %s, each in a namespace %s-<role> on %s, links %s"
+        console.say("%s of %s, each in a namespace %s-<role> on %s, links %s, CPU %s"
                     % (describe_counts(counts), os.path.basename(os.path.dirname(train_py)),
-                       network.prefix, network.subnet, format_rate(args.bandwidth)))
+                       network.prefix, network.subnet, format_rate(args.bandwidth),
+                       describe_cpus(args.cpus)))
+        if args.cpus:
+            quotas = CpuQuotas(network.prefix, roles, args.cpus)
+            quotas.create()
         network.create()
         names = {t.role: network.address(t.role) for t in tasks}
         pods = {}
@@ -713,7 +856,8 @@ def run_cluster(args, train_py, train_args, counts):
         before = {role: network.counters(role) for role in roles}
         deadline = time.time() + args.timeout
         for task in tasks:
-            start_task(task, network, cluster, train_py, train_args, console, pods.get(task.role))
+            start_task(task, network, cluster, train_py, train_args, console, pods.get(task.role),
+                       quotas)
         failed = supervise(tasks, console, deadline, args.keep_going)
         stop_tasks(tasks)  # whatever still runs after a failure or a timeout
         after = {role: network.counters(role) for role in roles}
@@ -724,6 +868,10 @@ def run_cluster(args, train_py, train_args, counts):
             with open(metrics_file) as f:
                 metrics = json.load(f)
         report = traffic_report(roles, before, after, metrics, args.bandwidth)
+        report["cpus_per_host"] = args.cpus or "shared"
+        if quotas:  # what each host used of its quota
+            for role in roles:
+                report["cpu_seconds_" + role] = round(quotas.cpu_seconds(role), 3)
         print_report(console, report, status)
         if args.metrics_file and metrics is not None:
             metrics["cluster"] = dict(report, exit=status, namespaces=network.prefix + "-*")

@@ -400,3 +400,78 @@ def test_without_root_one_error_line_and_exit_2(monkeypatch, capsys):
     out, err = capsys.readouterr()
     assert out == ""
     assert err.splitlines() == ["error: creating network namespaces needs root: run it with sudo"]
+
+
+# ==================================================================================================
+# --cpus: every host capped at C cores by a cgroup CPU quota of its own
+# ==================================================================================================
+def cgroups_with_prefix(prefix):
+    found = []
+    for root in ("/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpuacct", "/sys/fs/cgroup"):
+        if os.path.isdir(root):
+            found += [os.path.join(root, d) for d in os.listdir(root) if d.startswith(prefix)]
+    return found
+
+
+def missing_for_quotas():
+    if os.geteuid() != 0:
+        return "cgroups need root"
+    if os.path.isfile("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"):  # v1
+        return None
+    v2 = cluster_tool.read_text("/sys/fs/cgroup/cgroup.controllers").split()
+    return None if "cpu" in v2 else "no cgroup cpu controller (v1 or v2) on this machine"
+
+
+needs_quotas = pytest.mark.skipif(missing_for_quotas() is not None,
+                                  reason=missing_for_quotas() or "")
+
+
+@needs_quotas
+def test_a_busy_task_capped_at_a_quarter_core_uses_at_most_about_a_quarter_core():
+    prefix = "dtfgq%d" % os.getpid()
+    quotas = cluster_tool.CpuQuotas(prefix, ["busy"], 0.25)
+    try:
+        quotas.create()
+        busy = "import time\nend = time.time() + 3\nwhile time.time() < end:\n    pass\n"
+        started = time.time()
+        subprocess.run(quotas.join_command("busy") + [sys.executable, "-c", busy], timeout=60,
+                       check=True)
+        wall = time.time() - started
+        used = quotas.cpu_seconds("busy")  # read from the group: it counts only its processes
+    finally:
+        problems = quotas.remove()
+    assert used / wall <= 0.3, "%.2f CPU seconds in %.2f s" % (used, wall)
+    assert used / wall > 0.05, "the loop did not run in its group"  # uncapped it takes a core
+    assert problems == [] and cgroups_with_prefix(prefix) == []
+
+
+def test_more_cores_than_the_machine_has_are_refused_before_anything_is_made():
+    cores = os.cpu_count()  # three hosts of all its cores each
+    code, out, err = run_tool_briefly([sys.executable, CLUSTER_PY, "Hogwild", "--cpus",
+                                       str(cores)])
+    assert code == 2 and out == ""
+    assert err.splitlines() == ["error: 3 hosts x %d cores = %d cores, more than this machine's "
+                                "%d: give --cpus %g or less" % (cores, 3 * cores, cores,
+                                                                cores / 3)]
+
+
+@pytest.mark.cluster
+@needs_namespaces
+@needs_quotas
+def test_hosts_with_a_cpu_quota_train_and_leave_no_cgroup(tmp_path):
+    proc = start_tool(["Distributed-Setup", "--cpus", "0.5", "--timeout", "150",
+                       "--log_dir", str(tmp_path / "logs"), "--", "--steps", "300"])
+    try:
+        run = finish(proc, timeout=180)
+    finally:
+        assert_run_left_nothing(proc, tmp_path)
+    assert run.code == 0, run.output[-3000:]
+    assert "CPU 0.5 core(s) per host (a cgroup CPU quota of its own)" in run.output
+    report = summary_of(run.output, "cluster")
+    assert report["cpus_per_host"] == "0.5"
+    used = re.search(r"CPU seconds used, per host \(each capped at 0.5 cores\): ps0 ([\d.]+), "
+                     r"worker0 ([\d.]+), worker1 ([\d.]+)", run.output)
+    assert used, run.output[-2000:]
+    assert all(float(seconds) <= 0.5 * run.seconds + 1 for seconds in used.groups()), used
+    assert all(float(seconds) > 0 for seconds in used.groups()), used
+    assert cgroups_with_prefix("dtfg%d-" % proc.pid) == []
