@@ -224,7 +224,8 @@ def main(argv=None):
 # train.py that runs on a ps (a test keeps the copies equal):
 #   1. flags, and the cluster from them or from TF_CONFIG          parse_flags, resolve_cluster,
 #                                                                  check_cluster
-#   2. variables on the ps, every other op on this worker          ps_device
+#   2. variables on the ps (whole, or cut into a slice per ps),
+#      every other op on this worker                              ps_device, sharded_over_the_ps
 #   3. this task's server; a failure ends the task in one line    run_task, fail, cause
 #   4. the start-up barrier: a worker waits for the ps to answer  wait_for, is_listening
 #   5. ending the ps, which TensorFlow's server never does itself serve
@@ -379,6 +380,16 @@ def ps_device(args, cluster):
     return tf.compat.v1.train.replica_device_setter(
         cluster=tf.compat.v1.train.ClusterSpec(cluster),
         worker_device="/job:worker/task:%d" % args.task_index)
+
+
+def sharded_over_the_ps(cluster, shard=True):
+    """A variable scope in which each variable made is cut into one slice per ps task (along its
+    first axis), so that every ps holds, and every ps link carries, an equal share of its bytes:
+    ps_device alone places whole variables, and one large matrix then loads one ps. Optimizers
+    update the slices; the model reads each variable whole. shard=False: a scope that changes
+    nothing."""
+    partitioner = tf.compat.v1.fixed_size_partitioner(len(cluster["ps"])) if shard else None
+    return tf.compat.v1.variable_scope(tf.compat.v1.get_variable_scope(), partitioner=partitioner)
 
 
 def run_task(args, cluster, train):

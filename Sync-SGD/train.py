@@ -52,6 +52,9 @@ def example_flags(parser):
                         help="seconds the last worker sleeps before each step (a straggler)")
     parser.add_argument("--step_timeout", type=float, default=30,
                         help="seconds a step may wait for the other workers before failing")
+    parser.add_argument("--shard_variables", action="store_true",
+                        help="cut every variable into a slice per ps task (sharded_over_the_ps), "
+                             "so that each ps carries an equal share: for NUM_PS > 1")
 
 
 # --- Data (replace with your own) -----------------------------------------------------------------
@@ -137,7 +140,8 @@ def build_sync_sgd(args, cluster, x, y):
     replicas_to_aggregate = workers - args.backup_workers
     with tf.compat.v1.device(ps_device(args, cluster)):
         global_step = tf.compat.v1.train.get_or_create_global_step()
-        global_params = model_params(int(x.shape[1]), args.hidden, args.seed)
+        with sharded_over_the_ps(cluster, args.shard_variables):  # a slice per ps, if asked
+            global_params = model_params(int(x.shape[1]), args.hidden, args.seed)
         loss = model_loss_and_accuracy(global_params, x, y)[0]
         sync = tf.compat.v1.train.SyncReplicasOptimizer(
             tf.compat.v1.train.GradientDescentOptimizer(args.learning_rate * replicas_to_aggregate),
@@ -213,7 +217,8 @@ def main(argv=None):
 # train.py that runs on a ps (a test keeps the copies equal):
 #   1. flags, and the cluster from them or from TF_CONFIG          parse_flags, resolve_cluster,
 #                                                                  check_cluster
-#   2. variables on the ps, every other op on this worker          ps_device
+#   2. variables on the ps (whole, or cut into a slice per ps),
+#      every other op on this worker                              ps_device, sharded_over_the_ps
 #   3. this task's server; a failure ends the task in one line    run_task, fail, cause
 #   4. the start-up barrier: a worker waits for the ps to answer  wait_for, is_listening
 #   5. ending the ps, which TensorFlow's server never does itself serve
@@ -368,6 +373,16 @@ def ps_device(args, cluster):
     return tf.compat.v1.train.replica_device_setter(
         cluster=tf.compat.v1.train.ClusterSpec(cluster),
         worker_device="/job:worker/task:%d" % args.task_index)
+
+
+def sharded_over_the_ps(cluster, shard=True):
+    """A variable scope in which each variable made is cut into one slice per ps task (along its
+    first axis), so that every ps holds, and every ps link carries, an equal share of its bytes:
+    ps_device alone places whole variables, and one large matrix then loads one ps. Optimizers
+    update the slices; the model reads each variable whole. shard=False: a scope that changes
+    nothing."""
+    partitioner = tf.compat.v1.fixed_size_partitioner(len(cluster["ps"])) if shard else None
+    return tf.compat.v1.variable_scope(tf.compat.v1.get_variable_scope(), partitioner=partitioner)
 
 
 def run_task(args, cluster, train):

@@ -46,8 +46,9 @@ def test_one_worker_alone_trains_every_step_itself(run_example):
     assert "[ps0] all 1 worker(s) gone; shutting down" in run.output
 
 
-def test_two_parameter_servers_share_the_variables_and_both_exit(run_example):
-    run = run_example("Distributed-Setup", "--steps", "300",
+@pytest.mark.parametrize("sharding", [[], ["--shard_variables"]])
+def test_two_parameter_servers_share_the_variables_and_both_exit(run_example, sharding):
+    run = run_example("Distributed-Setup", "--steps", "300", *sharding,
                       env={"NUM_PS": "2", "NUM_WORKERS": "2"})
     assert run.code == 0, run.output[-3000:]
     assert run.summary()["ps"] == "2"
@@ -347,3 +348,29 @@ def test_a_tensorflow_error_is_reported_by_its_cause_not_its_node_or_trace():
                                    "line 1\nNode: 'x'\nthe step was aborted\n\t [[{{node x}}]]")
     assert train.cause(error) == "the step was aborted"
     assert train.cause(tf.errors.UnavailableError(None, None, "Socket closed")) == "Socket closed"
+
+
+@pytest.mark.parametrize("example", ["Distributed-Setup", "Sync-SGD"])
+def test_shard_variables_puts_an_equal_slice_of_every_variable_on_each_ps(example):
+    import tensorflow as tf
+    module = load_train_module(example)
+    cluster = {"ps": ["localhost:1", "localhost:2", "localhost:3"], "worker": ["localhost:4"]}
+    build = module.build_async_sgd if example == "Distributed-Setup" else module.build_sync_sgd
+    for shard in (False, True):
+        args = module.parse_flags(["--hidden", "30"] + ["--shard_variables"] * shard,
+                                  module.example_flags)
+        with tf.Graph().as_default():
+            built = build(args, cluster, tf.zeros([4, 64]), tf.zeros([4], tf.int64))
+            bytes_on = {ps: 0 for ps in range(3)}
+            for name, variable in built.global_params.items():
+                parts = list(variable) if shard else [variable]
+                ps_tasks = sorted(int(part.device.split("task:")[1]) for part in parts)
+                assert ps_tasks == ([0, 1, 2] if shard else ps_tasks[:1]), (name, ps_tasks)
+                for part in parts:
+                    bytes_on[int(part.device.split("task:")[1])] += 4 * part.shape.num_elements()
+        mean = sum(bytes_on.values()) / 3
+        spread = max(abs(b - mean) / mean for b in bytes_on.values())
+        if shard:  # every ps within 10% of the mean; whole variables load one ps with most
+            assert spread < 0.1, bytes_on
+        else:
+            assert spread > 0.5, bytes_on
