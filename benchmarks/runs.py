@@ -65,11 +65,13 @@ def add_run_flags(p, steps=3000, eval_every=50):
                         "--out/logs, without training (give the same options)")
 
 
-def run_example(example, workers, args, tag, train_args=(), bandwidth=None, who="compare"):
+def run_example(example, workers, args, tag, train_args=(), bandwidth=None, who="compare",
+                cpus=None):
     """One run of example with workers workers; returns the chief's metrics.
 
     bandwidth None: the example's run.sh on localhost. A rate as cluster.py takes it
-    (unlimited, 20mbit): cluster.py, whose report is then in the metrics under "cluster". Every
+    (unlimited, 20mbit): cluster.py, whose report is then in the metrics under "cluster"; with
+    cpus, each of its hosts capped at that many cores (cluster.py --cpus). Every
     run gets --steps, --batch_size, --seed and --log_every (--eval_every) from args, then
     train_args. A run that fails runs once more (its log kept as <tag>-failed.log); a second
     failure stops the benchmark with the name of its log.
@@ -78,8 +80,7 @@ def run_example(example, workers, args, tag, train_args=(), bandwidth=None, who=
     os.makedirs(logs, exist_ok=True)
     log_path, metrics_path = (os.path.join(logs, tag + ext) for ext in (".log", ".json"))
     if args.from_logs:  # redraw from an earlier run's metrics, without training again
-        with open(metrics_path) as f:
-            return json.load(f)
+        return read_metrics(metrics_path)
     tensorboard = os.path.join(logs, tag + "-tensorboard")
     shutil.rmtree(tensorboard, ignore_errors=True)  # an earlier run's checkpoint would resume
     if os.path.exists(metrics_path):
@@ -93,7 +94,8 @@ def run_example(example, workers, args, tag, train_args=(), bandwidth=None, who=
         env["NUM_WORKERS"] = str(workers)
     else:  # cluster.py bounds the run itself, and then removes what it made
         command = ([sys.executable, CLUSTER_PY, example, "--workers", str(workers),
-                    "--bandwidth", bandwidth, "--timeout", str(args.timeout)] + own
+                    "--bandwidth", bandwidth, "--timeout", str(args.timeout)]
+                   + (["--cpus", str(cpus)] if cpus else []) + own
                    + ["--"] + common)
         timeout += STOP_SECS
     for attempt in (1, 2):  # a run that fails is run once more: a rare transient can end one
@@ -109,8 +111,7 @@ def run_example(example, workers, args, tag, train_args=(), bandwidth=None, who=
                       file=sys.stderr, flush=True)
                 sys.exit(128 + signal.SIGINT)
         if code == 0 and os.path.exists(metrics_path):
-            with open(metrics_path) as f:
-                return json.load(f)
+            return read_metrics(metrics_path)
         failure = "%s: %s with %d worker(s)%s failed (%s); see %s" % (
             who, example, workers, "" if bandwidth is None else " at " + bandwidth,
             "timed out after %.0f s" % timeout if code is None else "exit %d" % code, log_path)
@@ -121,6 +122,11 @@ def run_example(example, workers, args, tag, train_args=(), bandwidth=None, who=
         print(failure.replace(log_path, failed_log) + "; running it once more", file=sys.stderr,
               flush=True)
         shutil.rmtree(tensorboard, ignore_errors=True)
+
+
+def read_metrics(path):
+    with open(path) as f:
+        return json.load(f)
 
 
 def wait_or_stop(proc, timeout):

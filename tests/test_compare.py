@@ -57,6 +57,7 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 import bandwidth  # noqa: E402  (benchmarks/ is not a package)
 import compare  # noqa: E402
 import runs  # noqa: E402
+import scaling  # noqa: E402
 import window_sweep  # noqa: E402
 
 
@@ -436,5 +437,56 @@ def test_the_window_sweep_runs_both_examples_at_each_window(tmp_path):
         assert pushes["DOWNPOUR", 1] == pytest.approx(150, abs=2)
         assert pushes["ADAG", 4] == pytest.approx(150 / 4, abs=2)
         assert (out / "window_sweep.png").read_bytes().startswith(PNG_SIGNATURE)
+    finally:
+        assert_nothing_left(str(tmp_path))
+
+
+# --- scaling.py: hosts with CPU of their own -------------------------------------------------------
+def test_the_scaling_table_gives_speed_up_and_efficiency_against_one_host(tmp_path):
+    baseline = fake_metrics(40.0, reach=10.0, workers=1)
+    results = {("DOWNPOUR", 1, "unlimited"): fake_metrics(36.0, reach=12.0),
+               ("DOWNPOUR", 3, "unlimited"): fake_metrics(108.0, reach=4.0),
+               ("Sync-SGD", 3, "1gbit"): fake_metrics(60.0)}
+    text = scaling.write_table(str(tmp_path / "scaling.md"), results, baseline,
+                               dict(command="sudo python benchmarks/scaling.py", cpus=0.4,
+                                    steps=900, batch_size=512))
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in text.splitlines()
+            if line.startswith("| ") and not line.startswith("| example")]
+    assert rows[0] == ["Non-Distributed-Setup (one process)", "1", "none", "40.0", "1.00", "1.00",
+                       "10.0", "1.00"]
+    assert rows[1] == ["DOWNPOUR", "1", "unlimited", "36.0", "0.90", "0.90", "12.0", "0.83"]
+    assert rows[2] == ["DOWNPOUR", "3", "unlimited", "108.0", "2.70", "0.90", "4.0", "2.50"]
+    assert rows[3] == ["Sync-SGD", "3", "1gbit", "60.0", "1.50", "0.50", "n/a", "n/a"]
+    assert "Every host 0.4 core(s)" in text and "sudo python benchmarks/scaling.py" in text
+    assert (tmp_path / "scaling.md").read_text() == text
+
+
+def test_scaling_refuses_more_hosts_than_the_cores_allow_in_one_line():
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "scaling.py"),
+                           "--workers", "1,2,3,4,5", "--cpus", "0.4", "--out", "/nonexistent"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.splitlines() == ["error: 7 hosts x 0.4 cores = 2.8 cores, more than this "
+                                        "machine's %d: give --cpus %g or less"
+                                        % (os.cpu_count(), os.cpu_count() / 7)]
+
+
+@pytest.mark.benchmark
+@pytest.mark.cluster
+@pytest.mark.timeout(900)
+@needs_namespaces
+def test_the_scaling_smoke_run_measures_one_and_two_workers_on_capped_hosts(tmp_path):
+    out = tmp_path / "results"
+    code, output = run_benchmark([os.path.join(ROOT, "benchmarks", "scaling.py"), "--quick",
+                                  "--bandwidth", "unlimited", "--examples", "Hogwild",
+                                  "--out", str(out)], timeout=800)
+    try:
+        assert code == 0, output[-3000:]
+        rows = [line for line in (out / "scaling.md").read_text().splitlines()
+                if line.startswith("| Hogwild |")]
+        assert [r.split("|")[2].strip() for r in rows] == ["1", "2"]
+        metrics = json.loads((out / "logs" / "scaling-Hogwild-2-unlimited.json").read_text())
+        assert metrics["cluster"]["cpus_per_host"] == 0.4
+        assert (out / "scaling.png").exists()
     finally:
         assert_nothing_left(str(tmp_path))

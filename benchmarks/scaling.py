@@ -1,0 +1,196 @@
+"""When distribution pays: every distributed example with 1, 2 and 3 workers on hosts that each
+have CPU of their own, against one process on one such host.
+
+    sudo python benchmarks/scaling.py                                  # the published run
+    sudo python benchmarks/scaling.py --examples DOWNPOUR,Sync-SGD --workers 1,3
+    sudo python benchmarks/scaling.py --bandwidth unlimited --quick    # a smoke run
+    python benchmarks/scaling.py --from_logs                           # redraw, no training
+
+On this machine every process shares the same two cores, so a second worker adds messages and
+no computing power, and one process is always the fastest. A cluster adds a machine's cores with
+every worker. Here every task runs through benchmarks/cluster.py on a host of its own: a network
+namespace, and a cgroup CPU quota of --cpus cores (0.4 by default, so that 3 workers, a ps and
+a coordinator fit in 2 cores). The baseline, Non-Distributed-Setup, runs in one process capped
+the same way. Every example gets the same workload, chosen so that computing a mini-batch costs
+more than sending it: --hidden 4096 and --batch_size 512 (1.2 MB of parameters; about 23 ms of
+computation a mini-batch on 0.4 core), --steps 900 mini-batches in all. Links are unlimited and
+1 Gbit/s by default (--bandwidth).
+
+Writes into --out:
+  scaling.md    one row per example, workers and link rate: mini-batches/s (all workers),
+                speed-up over one host, parallel efficiency (speed-up / workers), seconds to
+                0.95 test accuracy and its speed-up;
+  scaling.png   speed-up against workers, one line per example, the ideal line, one panel per
+                link rate;
+  logs/scaling-*  every run's output and metrics (cluster.py's report, with each host's CPU
+                seconds, included).
+
+Needs what cluster.py --cpus needs: Linux, root, iproute2's ip (tc for a limited rate) and a
+cgroup cpu controller.
+"""
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+
+import cluster  # benchmarks/cluster.py: the hosts, their CPU quotas and their links
+import readme  # benchmarks/readme.py: the figures reach the READMEs only through here
+import runs  # benchmarks/runs.py: how every benchmark runs an example and reads its metrics
+import shared  # benchmarks/shared.py: link rates and the one-line error
+from bandwidth import parse_rates
+from runs import BASELINE, mini_batches_per_sec, time_to_target
+
+WORKLOAD = ["--hidden", "4096"]  # with --batch_size 512: computation outweighs the messages
+
+
+def parser(prog):
+    p = runs.argparse_for(prog, __doc__)
+    runs.add_run_flags(p, steps=900, eval_every=30)
+    p.set_defaults(batch_size=512)
+    p.add_argument("--cpus", type=cluster.positive_cores, default=0.4, metavar="C",
+                   help="cores of every host, a cgroup CPU quota each (default: 0.4)")
+    p.add_argument("--workers", default="1,2,3", metavar="COUNTS",
+                   help="comma-separated worker counts (default: 1,2,3)")
+    p.add_argument("--bandwidth", default="unlimited,1gbit", metavar="RATES",
+                   help="comma-separated link rates in tc's units, or unlimited "
+                        "(default: unlimited,1gbit)")
+    p.add_argument("--examples", default="",
+                   help="comma-separated distributed examples (default: all)")
+    p.add_argument("--quick", action="store_true",
+                   help="100 steps, 2 workers at most: a smoke run that publishes nothing")
+    return p
+
+
+def worker_counts(text):
+    counts = sorted({int(t) for t in text.split(",") if t.strip()})
+    if not counts or counts[0] < 1:
+        raise ValueError("--workers: give counts of 1 or more, such as 1,2,3")
+    return counts
+
+
+def run_baseline(args, who):
+    """Non-Distributed-Setup in one process, in a cgroup of --cpus cores: one host's speed."""
+    logs = os.path.join(args.out, "logs")
+    os.makedirs(logs, exist_ok=True)
+    tag = "scaling-%s" % BASELINE
+    log_path, metrics_path = (os.path.join(logs, tag + ext) for ext in (".log", ".json"))
+    if args.from_logs:
+        return runs.read_metrics(metrics_path)
+    quotas = cluster.CpuQuotas("dtfg%d" % os.getpid(), ["local"], args.cpus)
+    command = [sys.executable, os.path.join(runs.ROOT, BASELINE, "train.py"),
+               "--steps", str(args.steps), "--batch_size", str(args.batch_size),
+               "--log_every", str(args.eval_every), "--seed", str(args.seed),
+               "--log_dir", os.path.join(logs, tag + "-tensorboard"),
+               "--metrics_file", metrics_path] + WORKLOAD
+    try:
+        quotas.create()
+        with open(log_path, "w") as log:
+            log.write("$ %s\n" % " ".join(shlex.quote(c) for c in command))
+            log.flush()
+            code = subprocess.call(quotas.join_command("local") + command, stdout=log,
+                                   stderr=subprocess.STDOUT, timeout=args.timeout)
+    finally:
+        quotas.remove()
+    if code != 0:
+        sys.exit("%s: the baseline failed (exit %d); see %s" % (who, code, log_path))
+    return runs.read_metrics(metrics_path)
+
+
+def write_table(path, results, baseline, settings):
+    one_host = mini_batches_per_sec(baseline)
+    one_host_target = time_to_target(baseline)
+    lines = ["| example | workers | links | mini-batches/s | speed-up | efficiency "
+             "| s to 0.95 | its speed-up |", "|---|---|---|---|---|---|---|---|",
+             "| %s (one process) | 1 | none | %.1f | 1.00 | 1.00 | %s | 1.00 |" % (
+                 BASELINE, one_host, "%.1f" % one_host_target if one_host_target else "n/a")]
+    for (example, workers, label), metrics in results.items():
+        rate = mini_batches_per_sec(metrics)
+        target = time_to_target(metrics)
+        target_speed_up = (one_host_target / target) if target and one_host_target else None
+        lines.append("| %s | %d | %s | %.1f | %.2f | %.2f | %s | %s |" % (
+            example, workers, label, rate, rate / one_host, rate / one_host / workers,
+            "%.1f" % target if target else "n/a",
+            "%.2f" % target_speed_up if target_speed_up else "n/a"))
+    lines += ["", "Every host %g core(s) (a cgroup CPU quota of its own); --hidden 4096, "
+              "--batch_size %d, %d mini-batches a run; %d CPU core(s) in all. Measured with "
+              "`%s`." % (settings["cpus"], settings["batch_size"], settings["steps"],
+                         os.cpu_count(), settings["command"])]
+    text = "\n".join(lines) + "\n"
+    with open(path, "w") as f:
+        f.write(text)
+    return text
+
+
+def plot_speed_up(path, results, baseline, rates, counts):
+    plt = runs.pyplot()
+    one_host = mini_batches_per_sec(baseline)
+    figure, axes = plt.subplots(1, len(rates), figsize=(6 * len(rates) + 3, 5), sharey=True,
+                                squeeze=False)
+    examples = sorted({example for example, _, _ in results})
+    for ax, (label, _) in zip(axes[0], rates):
+        ax.plot(counts, counts, color="black", linestyle=":", label="ideal")
+        for i, example in enumerate(examples):
+            ys = [mini_batches_per_sec(results[(example, n, label)]) / one_host for n in counts
+                  if (example, n, label) in results]
+            ax.plot(counts[:len(ys)], ys, label=example, **runs.line_style(i))
+        ax.set_title("links: %s" % label)
+        ax.set_xlabel("workers (hosts of their own)")
+        ax.set_xticks(counts)
+        ax.grid(True, alpha=0.3)
+    axes[0][0].set_ylabel("speed-up over one host")
+    axes[0][-1].legend(loc="upper left", bbox_to_anchor=(1.02, 1), fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def main(argv=None, prog="scaling.py"):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parser(prog).parse_args(argv)
+    try:
+        counts = worker_counts(args.workers)
+        if args.quick:
+            args.steps, args.eval_every, counts = 100, 20, [n for n in counts if n <= 2]
+        rates = parse_rates(args.bandwidth)
+        names = [e for e in runs.select_examples(args.examples) if e != BASELINE]
+        if not names:
+            raise ValueError("--examples: name at least one distributed example")
+        if not args.from_logs:  # before any run: a machine that cannot fails in one line
+            cluster.check_machine(needs_tc=any(bits is not None for _, bits in rates))
+            most_hosts = max(counts) + 2  # the workers, a ps, and a coordinator
+            cluster.CpuQuotas("dtfg%d" % os.getpid(), range(most_hosts), args.cpus)
+    except (ValueError, cluster.SetupError) as e:
+        return shared.error(str(e))
+    who = os.path.splitext(prog)[0]
+    plan = [(e, n, label) for label, _ in rates for e in names for n in counts]
+    started = time.time()
+    progress = lambda i, what: print("[%d/%d] %s (%.0f s so far)" % (
+        i, len(plan) + 1, what, time.time() - started), file=sys.stderr, flush=True)
+    progress(1, "%s, one process on one host of %g cores" % (BASELINE, args.cpus))
+    baseline = run_baseline(args, who)
+    results = {}
+    for i, (example, n, label) in enumerate(plan, 2):
+        progress(i, "%s, %d worker(s), links %s" % (example, n, label))
+        results[(example, n, label)] = runs.run_example(
+            example, n, args, "scaling-%s-%d-%s" % (example, n, label), train_args=WORKLOAD,
+            bandwidth=label, cpus=args.cpus, who=who)
+    os.makedirs(args.out, exist_ok=True)
+    settings = dict(command=runs.command_line(prog, argv, sudo=True), cpus=args.cpus,
+                    steps=args.steps, batch_size=args.batch_size)
+    table = write_table(os.path.join(args.out, "scaling.md"), results, baseline, settings)
+    print(table)
+    if runs.publishing(args, args.quick):
+        readme.publish("scaling.py", table, [readme.BENCHMARKS_README])
+    plot_speed_up(os.path.join(args.out, "scaling.png"), results, baseline, rates, counts)
+    speed_ups = [mini_batches_per_sec(m) / mini_batches_per_sec(baseline)
+                 for (_, n, _), m in results.items() if n == max(counts)]
+    print("\nwrote scaling.md and scaling.png to %s in %.0f s; median speed-up with %d workers: "
+          "%.2f" % (args.out, time.time() - started, max(counts), statistics.median(speed_ups)),
+          file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
