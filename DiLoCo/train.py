@@ -416,7 +416,8 @@ def sharded_over_the_ps(cluster, shard=True):
 def run_task(args, cluster, train):
     """Start this task's server, then serve (a ps) or train (a worker)."""
     global tf  # loaded only now: bad input has failed in one line, without TensorFlow's start-up
-    job, index, address = args.job_name, args.task_index, cluster[args.job_name][args.task_index]
+    job, index = args.job_name, args.task_index
+    address = cluster[job][index]
     if is_listening(address):  # in one line here, rather than deep inside gRPC
         fail("%s %d: port %s is already in use: by an earlier run?" % (job, index, address))
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before the import: no C++ info lines
@@ -471,7 +472,8 @@ class TrainingLog(object):
             self.summaries = tf.compat.v1.summary.merge([
                 tf.compat.v1.summary.scalar("test_accuracy", self.test_accuracy),
                 tf.compat.v1.summary.scalar("loss", self.loss)])
-        with tf.compat.v1.device("/job:ps/task:0"):  # -1 until a worker finishes; not checkpointed
+        # each worker's local steps once it has finished, -1 before; never checkpointed
+        with tf.compat.v1.device("/job:ps/task:0"):
             self.finished = tf.compat.v1.Variable(np.full(len(cluster["worker"]), -1),
                                                   dtype=tf.int64, collections=[], name="finished")
         self.my_local_steps = tf.compat.v1.placeholder(tf.int64, [1])
@@ -488,7 +490,8 @@ class TrainingLog(object):
         if self.is_chief:
             global_init = tf.compat.v1.global_variables_initializer()
         else:
-            not_ready = tf.compat.v1.report_uninitialized_variables(tf.compat.v1.global_variables())
+            global_variables = tf.compat.v1.global_variables()
+            not_ready = tf.compat.v1.report_uninitialized_variables(global_variables)
         tf.compat.v1.get_default_graph().finalize()  # a loop that adds ops would grow forever
         # filter devices, or the session waits for every worker to answer, even those that left
         session = tf.compat.v1.Session(server.target, config=tf.compat.v1.ConfigProto(
@@ -557,7 +560,8 @@ class TrainingLog(object):
             if lost:
                 print("[worker0] worker(s) %s failed or were lost" % ",".join(map(str, lost)))
             step = int(session.run(self.global_step))
-            rate = (step - self.start_step) * minibatches_per_update / (time.time() - self.started)
+            seconds = time.time() - self.started
+            rate = (step - self.start_step) * minibatches_per_update / seconds
             summary = dict(example=EXAMPLE, test_accuracy=self.evaluate(session, step, True),
                            global_step=step, workers=len(workers), ps=len(self.cluster["ps"]),
                            lost_workers=len(lost), local_steps=local_steps,
