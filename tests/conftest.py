@@ -353,3 +353,51 @@ def one_worker_session(build, args, cluster, server, batch=fixed_batch):
     session.run(init[0])
     session.run(init[1])  # after the globals: the local copies start from the ps
     return ops, session
+
+
+# --- Several workers at once, and what the chief evaluates -----------------------------------------
+def in_threads(work, count, timeout=120):
+    """Run work(k) for k in 0..count-1, each in its own thread, all at once; a failure in any
+    thread fails the test, and so does one still running after timeout seconds."""
+    errors = []
+
+    def guarded(k):
+        try:
+            work(k)
+        except Exception as e:  # reported below, in the test's own thread
+            errors.append(e)
+    threads = [threading.Thread(target=guarded, args=(k,), daemon=True) for k in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=timeout)
+        assert not t.is_alive(), "the workers did not finish within %d s" % timeout
+    assert not errors, errors
+
+
+def worker_sessions(module, build, count, *argv, extra=None):
+    """count workers of an asynchronous example on a real in-process cluster, each in its own
+    graph and session on its own fixed batch, the chief's initialisation done. extra(ops) may
+    add ops to a worker's graph; its result is kept. Returns [(ops, session, extras)]."""
+    import tensorflow as tf
+    cluster, servers = in_process_cluster(num_workers=count)
+    workers = []
+    for k in range(count):
+        with tf.Graph().as_default() as graph:
+            args = flags(module, "--task_index", str(k), *argv)
+            ops = build(args, cluster, *fixed_batch(seed=k))
+            added = extra(args, ops) if extra else None
+            init = [tf.compat.v1.global_variables_initializer(),
+                    tf.compat.v1.local_variables_initializer()]
+        session = tf.compat.v1.Session(servers[k].target, graph=graph, config=worker_config(k))
+        if k == 0:
+            session.run(init[0])
+        workers.append((ops, session, added, init[1]))
+    for ops, session, added, local_init in workers:  # after the chief: they read the ps
+        session.run(local_init)
+    return [(ops, session, added) for ops, session, added, _ in workers]
+
+
+def assert_ticks_are_one_each(ticks, total):
+    """Every update's tick of the clock is its own: together they count 1, 2, ... total."""
+    assert sorted(ticks) == list(range(1, total + 1)), "two updates read the same clock"
