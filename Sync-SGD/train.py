@@ -155,8 +155,8 @@ def sync_round(session, fetches, args, name):
         return session.run(fetches, options=tf.compat.v1.RunOptions(
             timeout_in_ms=int(args.step_timeout * 1000)))
     except tf.errors.DeadlineExceededError:
-        fail("worker%d: no %s completed within %g s: a worker is missing (--backup_workers lets "
-             "training go on without it)" % (args.task_index, name, args.step_timeout))
+        fail("worker%d: no %s completed within %g s: a worker is missing"
+             % (args.task_index, name, args.step_timeout))
 # <<< shared: sync replicas
 
 
