@@ -7,6 +7,11 @@ The update rule (round t: N workers aggregated, N * window of --steps; one globa
         d_k <- local_params - centre_t;  local_params <- local_params - alpha * d_k;  send -d_k
     the ps: centre_{t+1} <- centre_t - beta * mean of the -d_k = centre_t + alpha * sum of d_k
           = (1 - beta) * centre_t + beta * mean of the N workers,       beta = N * alpha <= 1
+    The paper (Sec. 3, synchronous EASGD) takes a round's move and a gradient step at one copy
+    x: x <- x - learning_rate * grad L(x) - alpha * (x - centre_t), the gradient at x from
+    before the move. Here the round ends a window and the next window's first gradient is taken
+    after it, at x - alpha * d_k: that step differs by learning_rate * (grad L(x - alpha * d_k)
+    - grad L(x)), of the order of alpha * learning_rate * |d_k| times the loss's curvature.
 
 Run it: bash run.sh (1 ps + 2 workers), NUM_WORKERS=4 bash run.sh, or by hand as in
 ../Distributed-Setup. A round needs every worker: unlike Sync-SGD, no backup workers (see

@@ -355,7 +355,7 @@ def one_worker_session(build, args, cluster, server, batch=fixed_batch):
     return ops, session
 
 
-# --- Several workers at once, and what the chief evaluates -----------------------------------------
+# --- Several workers at once, and references computed apart ---------------------------------------
 def in_threads(work, count, timeout=120):
     """Run work(k) for k in 0..count-1, each in its own thread, all at once; a failure in any
     thread fails the test, and so does one still running after timeout seconds."""
@@ -401,3 +401,28 @@ def worker_sessions(module, build, count, *argv, extra=None):
 def assert_ticks_are_one_each(ticks, total):
     """Every update's tick of the clock is its own: together they count 1, 2, ... total."""
     assert sorted(ticks) == list(range(1, total + 1)), "two updates read the same clock"
+
+
+def sgd_step_reference(module, start, learning_rate, seed=0):
+    """One plain SGD step from the parameters start on fixed_batch(seed), computed apart from
+    the example (TensorFlow's own gradient descent on variables of a fresh graph)."""
+    import tensorflow as tf
+    with tf.Graph().as_default():
+        params = {name: tf.compat.v1.Variable(value) for name, value in start.items()}
+        loss = module.model_loss_and_accuracy(params, *fixed_batch(seed=seed))[0]
+        step = tf.compat.v1.train.GradientDescentOptimizer(learning_rate).minimize(loss)
+        with tf.compat.v1.Session() as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            session.run(step)
+            return values(session, params)
+
+
+def gradient_reference(module, params, seed=0):
+    """The gradient of the example's loss at params on fixed_batch(seed), computed apart."""
+    import tensorflow as tf
+    with tf.Graph().as_default():
+        constants = {name: tf.constant(value) for name, value in params.items()}
+        loss = module.model_loss_and_accuracy(constants, *fixed_batch(seed=seed))[0]
+        gradients = tf.gradients(loss, list(constants.values()))
+        with tf.compat.v1.Session() as session:
+            return dict(zip(constants, session.run(gradients)))

@@ -6,8 +6,8 @@ import tensorflow as tf
 
 from conftest import (assert_a_killed_worker_does_not_hang_the_others, assert_one_push_per_window,
                       assert_trained_to_the_bar, error_lines, fixed_batch, flags,
-                      in_process_cluster, load_train_module, one_worker_session, run_train,
-                      run_with_defaults, values)
+                      gradient_reference, in_process_cluster, load_train_module,
+                      one_worker_session, run_train, run_with_defaults, values)
 
 eamsgd = load_train_module("EAMSGD")
 
@@ -76,6 +76,21 @@ def test_an_exchange_moves_the_parameters_and_leaves_the_velocity():
                                    rtol=1e-5, atol=1e-7, err_msg=name)
         np.testing.assert_allclose(centre_after[name], centre[name] + 0.3 * difference,
                                    rtol=1e-5, atol=1e-7, err_msg=name)
+
+
+def test_after_an_exchange_the_look_ahead_is_taken_from_the_moved_copy():
+    # the one step per window where the example departs from the paper, as its docstring says
+    _, args, (ops, s) = started(alpha=0.3)
+    for _ in range(4):
+        s.run(ops.local_step)
+    s.run(ops.exchange)
+    moved, velocity = values(s, ops.local_params), values(s, ops.velocity)
+    ahead = {name: moved[name] + 0.9 * velocity[name] for name in moved}
+    g = gradient_reference(eamsgd, ahead)
+    s.run(ops.local_step)
+    for name, value in values(s, ops.local_params).items():
+        step = 0.9 * velocity[name] - 0.05 * g[name]
+        np.testing.assert_allclose(value, moved[name] + step, rtol=1e-5, atol=1e-6, err_msg=name)
 
 
 # --- End to end through run.sh --------------------------------------------------------------------

@@ -6,7 +6,7 @@ import pytest
 from conftest import (all_at_once, assert_a_lost_worker_stops_the_rounds,
                       assert_every_worker_in_every_round,
                       assert_same, error_lines, flags, load_train_module, run_train,
-                      run_with_defaults, sync_workers, values)
+                      run_with_defaults, sgd_step_reference, sync_workers, values)
 
 easgd = load_train_module("EASGD")
 
@@ -79,6 +79,20 @@ def test_an_exchange_moves_local_and_centre_alpha_of_their_difference_towards_ea
     if alpha == 0.0:  # no elastic force: the centre stays where it was, the worker trains alone
         assert_same(centre_after, centre)
         assert_same(local_after, local)
+
+
+def test_a_local_step_is_sgd_and_after_a_round_its_gradient_is_taken_at_the_moved_copy():
+    # the one step per window where the example departs from the paper, as its docstring says
+    [ops], [session] = sync_workers(easgd.build_easgd, [
+        flags(easgd, "--learning_rate", "0.2", "--alpha", "0.3")])
+    for _ in range(2):
+        before = values(session, ops.local_params)
+        session.run(ops.local_step)
+        expected = sgd_step_reference(easgd, before, 0.2)
+        for name, value in values(session, ops.local_params).items():
+            assert np.abs(value - before[name]).max() > 1e-4, name
+            np.testing.assert_allclose(value, expected[name], rtol=1e-5, atol=1e-6, err_msg=name)
+        all_at_once([session], [ops.exchange])
 
 
 def test_an_alpha_that_would_carry_the_centre_past_the_mean_is_rejected():
