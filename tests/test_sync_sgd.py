@@ -3,13 +3,34 @@ import os
 import subprocess
 import sys
 
-from conftest import (ACCURACY_BAR, assert_a_backup_worker_covers_a_lost_one,
+import numpy as np
+
+from conftest import (ACCURACY_BAR, all_at_once, assert_a_backup_worker_covers_a_lost_one,
                       assert_a_lost_worker_stops_the_rounds, assert_nothing_left, error_lines,
-                      example_dir, free_port, run_train)
+                      example_dir, flags, free_port, gradient_reference, load_train_module,
+                      run_train, sync_workers, values)
+
+sync_sgd = load_train_module("Sync-SGD")
 
 
 def local_steps(summary):
     return [int(s) for s in summary["local_steps"].split(",")]
+
+
+def test_a_step_applies_n_times_the_learning_rate_times_the_mean_gradient():
+    # two workers, each its own fixed batch, one synchronous step: the linear scaling rule,
+    # global_params - (N * learning_rate) * (g_0 + g_1) / N, with N = 2
+    ops, sessions = sync_workers(sync_sgd.build_sync_sgd, [
+        flags(sync_sgd, "--task_index", str(k), "--learning_rate", "0.1") for k in (0, 1)])
+    before = values(sessions[0], ops[0].global_params)
+    gradients = [gradient_reference(sync_sgd, before, seed=k) for k in (0, 1)]
+    all_at_once(sessions, [o.train_op for o in ops])
+    assert sessions[0].run(ops[0].global_step) == 1
+    for name, value in values(sessions[0], ops[0].global_params).items():
+        mean = (gradients[0][name] + gradients[1][name]) / 2
+        assert np.abs(mean).max() > 1e-4, name
+        np.testing.assert_allclose(value, before[name] - 2 * 0.1 * mean, rtol=1e-4, atol=1e-6,
+                                   err_msg=name)
 
 
 def test_sync_sgd_reaches_the_bar_with_every_worker_in_every_step_and_exits_promptly(
