@@ -426,3 +426,22 @@ def gradient_reference(module, params, seed=0):
         gradients = tf.gradients(loss, list(constants.values()))
         with tf.compat.v1.Session() as session:
             return dict(zip(constants, session.run(gradients)))
+
+
+def assert_the_chief_evaluated_what_it_checkpointed(run, example):
+    """The chief's reported test accuracy is that of the parameters in its last checkpoint: the
+    ps's (the global parameters, or the centre variable), not a worker's own copy."""
+    import tensorflow as tf
+    module = load_train_module(example)
+    log_dir = [l for _, l in run.lines if "[worker0] chief: log_dir=" in l][0].split("=", 1)[1]
+    reader = tf.train.load_checkpoint(log_dir)
+    data = module.load_dataset("")
+    with tf.Graph().as_default():
+        params = {name: tf.constant(reader.get_tensor(name)) for name in ("w1", "b1", "w2", "b2")}
+        accuracy = module.model_loss_and_accuracy(params, module.scale(
+            data.x_test, data.pixel_max), data.y_test)[1]
+        with tf.compat.v1.Session() as session:
+            checkpointed = float(session.run(accuracy))
+    assert float(run.summary()["test_accuracy"]) == pytest.approx(checkpointed, abs=1e-5), (
+        "the chief reported an accuracy its checkpointed parameters do not have")
+    return checkpointed

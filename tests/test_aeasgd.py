@@ -5,10 +5,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import (assert_a_killed_worker_does_not_hang_the_others, assert_one_push_per_window,
-                      assert_trained_to_the_bar, fixed_batch, flags, in_process_cluster,
+from conftest import (assert_a_killed_worker_does_not_hang_the_others, assert_nothing_left,
+                      assert_one_push_per_window, assert_the_chief_evaluated_what_it_checkpointed,
+                      assert_trained_to_the_bar, finish, fixed_batch, flags, in_process_cluster,
                       in_threads, load_train_module, one_worker_session, run_with_defaults,
-                      sgd_step_reference, values, worker_sessions)
+                      sgd_step_reference, start_example, values, worker_sessions)
 
 aeasgd = load_train_module("AEASGD")
 
@@ -140,3 +141,13 @@ def test_aeasgd_exchanges_once_every_window_of_local_steps_per_worker(default_ru
 
 def test_aeasgd_a_worker_killed_mid_run_does_not_hang_the_others(tmp_path):
     assert_a_killed_worker_does_not_hang_the_others("AEASGD", tmp_path, min_global_step=3000 // 8)
+
+
+def test_the_chief_evaluates_the_centre_not_its_own_copy(tmp_path):
+    # alpha 0: the centre stays at the initial parameters while the workers train alone, so
+    # the centre's accuracy and a worker's are far apart
+    run = finish(start_example("AEASGD", ["--log_dir", str(tmp_path / "logs"), "--alpha", "0",
+                                       "--steps", "320"]), timeout=180)
+    assert run.code == 0, run.output[-3000:]
+    assert assert_the_chief_evaluated_what_it_checkpointed(run, "AEASGD") < 0.3, run.summary()
+    assert_nothing_left(str(tmp_path))

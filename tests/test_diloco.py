@@ -4,8 +4,9 @@ import numpy as np
 
 from conftest import (all_at_once, assert_a_lost_worker_stops_the_rounds,
                       assert_every_worker_in_every_round,
-                      error_lines, fixed_batch, flags, load_train_module, run_train,
-                      run_with_defaults, sync_workers, values)
+                      assert_the_chief_evaluated_what_it_checkpointed, error_lines, fixed_batch,
+                      flags, load_train_module, run_train, run_with_defaults, sync_workers,
+                      values)
 
 diloco = load_train_module("DiLoCo")
 
@@ -121,8 +122,9 @@ def test_the_inner_adamw_is_adam_with_the_weight_decay_applied_to_the_parameters
 # --- End to end through run.sh --------------------------------------------------------------------
 def test_diloco_reaches_the_bar_in_rounds_of_h_steps_of_every_worker(tmp_path_factory):
     # 2000 mini-batches, 2 workers x H = 10 a round
-    summary = assert_every_worker_in_every_round(run_with_defaults("DiLoCo", tmp_path_factory),
-                                                 rounds=100, steps_per_round=10)
+    run = run_with_defaults("DiLoCo", tmp_path_factory)
+    summary = assert_every_worker_in_every_round(run, rounds=100, steps_per_round=10)
+    assert_the_chief_evaluated_what_it_checkpointed(run, "DiLoCo")
     assert summary["inner_optimizer"] == "adamw" and summary["outer_momentum"] == "0.9"
 
 

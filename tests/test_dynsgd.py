@@ -5,9 +5,10 @@ import pytest
 import tensorflow as tf
 
 from conftest import (assert_a_killed_worker_does_not_hang_the_others, assert_one_push_per_window,
-                      assert_ticks_are_one_each, assert_trained_to_the_bar, fixed_batch, flags,
-                      in_process_cluster, in_threads, load_train_module, one_worker_session,
-                      run_with_defaults, values, worker_config, worker_sessions)
+                      assert_the_chief_evaluated_what_it_checkpointed, assert_ticks_are_one_each,
+                      assert_trained_to_the_bar, fixed_batch, flags, in_process_cluster,
+                      in_threads, load_train_module, one_worker_session, run_with_defaults,
+                      values, worker_config, worker_sessions)
 
 dynsgd = load_train_module("DynSGD")
 
@@ -115,6 +116,10 @@ def test_concurrent_pushes_are_each_scaled_by_the_staleness_they_really_had():
 def default_run(tmp_path_factory):
     """One run with the defaults (1 ps + 2 workers), shared by the tests that read it."""
     return run_with_defaults("DynSGD", tmp_path_factory)
+
+
+def test_dynsgd_chief_evaluates_the_global_parameters(default_run):
+    assert_the_chief_evaluated_what_it_checkpointed(default_run, "DynSGD")
 
 
 def test_dynsgd_reaches_the_accuracy_bar_with_its_defaults(default_run):

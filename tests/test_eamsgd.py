@@ -4,10 +4,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import (assert_a_killed_worker_does_not_hang_the_others, assert_one_push_per_window,
-                      assert_trained_to_the_bar, error_lines, fixed_batch, flags,
+from conftest import (assert_a_killed_worker_does_not_hang_the_others, assert_nothing_left,
+                      assert_one_push_per_window, assert_the_chief_evaluated_what_it_checkpointed,
+                      assert_trained_to_the_bar, error_lines, finish, fixed_batch, flags,
                       gradient_reference, in_process_cluster, load_train_module,
-                      one_worker_session, run_train, run_with_defaults, values)
+                      one_worker_session, run_train, run_with_defaults, start_example, values)
 
 eamsgd = load_train_module("EAMSGD")
 
@@ -118,3 +119,13 @@ def test_momentum_and_alpha_may_be_zero_but_the_window_may_not():
     assert (args.momentum, args.alpha) == (0, 0)
     code, _, stderr = run_train("EAMSGD", ["--window", "0"])
     assert code == 2 and error_lines(stderr) == ["error: --window must be positive, got 0"]
+
+
+def test_the_chief_evaluates_the_centre_not_its_own_copy(tmp_path):
+    # alpha 0: the centre stays at the initial parameters while the workers train alone, so
+    # the centre's accuracy and a worker's are far apart
+    run = finish(start_example("EAMSGD", ["--log_dir", str(tmp_path / "logs"), "--alpha", "0",
+                                       "--steps", "320"]), timeout=180)
+    assert run.code == 0, run.output[-3000:]
+    assert assert_the_chief_evaluated_what_it_checkpointed(run, "EAMSGD") < 0.3, run.summary()
+    assert_nothing_left(str(tmp_path))

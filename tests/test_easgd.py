@@ -4,9 +4,10 @@ import numpy as np
 import pytest
 
 from conftest import (all_at_once, assert_a_lost_worker_stops_the_rounds,
-                      assert_every_worker_in_every_round,
-                      assert_same, error_lines, flags, load_train_module, run_train,
-                      run_with_defaults, sgd_step_reference, sync_workers, values)
+                      assert_every_worker_in_every_round, assert_nothing_left, assert_same,
+                      assert_the_chief_evaluated_what_it_checkpointed, error_lines, finish, flags,
+                      load_train_module, run_train, run_with_defaults, sgd_step_reference,
+                      start_example, sync_workers, values)
 
 easgd = load_train_module("EASGD")
 
@@ -132,3 +133,13 @@ def test_easgd_reaches_the_bar_in_rounds_of_a_window_of_steps_of_every_worker(tm
 
 def test_without_backup_workers_a_killed_worker_stops_the_rest_with_a_clear_error(tmp_path):
     assert_a_lost_worker_stops_the_rounds("EASGD", tmp_path, "round")
+
+
+def test_the_chief_evaluates_the_centre_not_its_own_copy(tmp_path):
+    # alpha 0: the centre stays at the initial parameters while the workers train alone, so
+    # the centre's accuracy and a worker's are far apart
+    run = finish(start_example("EASGD", ["--log_dir", str(tmp_path / "logs"), "--alpha", "0",
+                                       "--steps", "320"]), timeout=180)
+    assert run.code == 0, run.output[-3000:]
+    assert assert_the_chief_evaluated_what_it_checkpointed(run, "EASGD") < 0.3, run.summary()
+    assert_nothing_left(str(tmp_path))

@@ -7,9 +7,10 @@ import pytest
 import tensorflow as tf
 
 from conftest import (ACCURACY_BAR, assert_a_killed_worker_does_not_hang_the_others,
-                      assert_nothing_left, assert_ticks_are_one_each, assert_trained_to_the_bar,
-                      finish, fixed_batch, flags, in_process_cluster, in_threads, load_train_module,
-                      run_with_defaults, start_example, worker_config, worker_sessions)
+                      assert_nothing_left, assert_the_chief_evaluated_what_it_checkpointed,
+                      assert_ticks_are_one_each, assert_trained_to_the_bar, finish, fixed_batch,
+                      flags, in_process_cluster, in_threads, load_train_module, run_with_defaults,
+                      start_example, worker_config, worker_sessions)
 
 hogwild = load_train_module("Hogwild")
 
@@ -129,6 +130,10 @@ def test_a_step_reads_the_clock_before_the_parameters():
 def default_run(tmp_path_factory):
     """One run with the defaults (1 ps + 2 workers), shared by the tests that read it."""
     return run_with_defaults("Hogwild", tmp_path_factory)
+
+
+def test_hogwild_chief_evaluates_the_global_parameters(default_run):
+    assert_the_chief_evaluated_what_it_checkpointed(default_run, "Hogwild")
 
 
 def test_hogwild_reaches_the_accuracy_bar_with_its_defaults(default_run):

@@ -6,9 +6,10 @@ import sys
 import numpy as np
 
 from conftest import (ACCURACY_BAR, all_at_once, assert_a_backup_worker_covers_a_lost_one,
-                      assert_a_lost_worker_stops_the_rounds, assert_nothing_left, error_lines,
-                      example_dir, flags, free_port, gradient_reference, load_train_module,
-                      run_train, sync_workers, values)
+                      assert_a_lost_worker_stops_the_rounds, assert_nothing_left,
+                      assert_the_chief_evaluated_what_it_checkpointed, error_lines, example_dir,
+                      flags, free_port, gradient_reference, load_train_module, run_train,
+                      sync_workers, values)
 
 sync_sgd = load_train_module("Sync-SGD")
 
@@ -44,6 +45,7 @@ def test_sync_sgd_reaches_the_bar_with_every_worker_in_every_step_and_exits_prom
     for steps in local_steps(summary):  # each worker pushed one gradient in every step
         assert abs(steps - global_step) <= 1, summary
     assert summary["dropped_gradients"] == "0"
+    assert_the_chief_evaluated_what_it_checkpointed(run, "Sync-SGD")
     # all processes are gone within seconds of the last step, not after a 2-minute grace
     last_step = max(run.first_time("[worker1] done"), run.first_time("[worker0] summary"))
     assert run.first_time("[run.sh] all processes finished") - last_step < 15
