@@ -4,10 +4,17 @@ import os
 import signal
 import time
 
-from conftest import (ACCURACY_BAR, assert_nothing_left, error_lines, finish, free_port,
-                      read_until, run_train, start_example)
+from conftest import (ACCURACY_BAR, assert_nothing_left, assert_one_sgd_step_of, error_lines,
+                      finish, free_port, one_strategy_step, read_until, run_train, start_example)
 
 EXAMPLE = "ParameterServerStrategy"
+
+
+def test_a_scheduled_step_moves_the_parameters_by_the_learning_rate_times_the_gradient():
+    # one worker, one call of one step, a mini-batch that is the worker's whole shard
+    ports = ",".join(str(free_port()) for _ in range(3))
+    (step,) = one_strategy_step(EXAMPLE, ports)
+    assert_one_sgd_step_of(step, EXAMPLE, learning_rate=0.1)
 
 
 def test_the_coordinator_trains_to_the_bar_and_every_process_ends_by_itself(run_example):
