@@ -487,3 +487,20 @@ def assert_one_sgd_step_of(step, example, learning_rate):
         np.testing.assert_allclose(step["after_" + n], step["before_" + n]
                                    - learning_rate * gradients[n], rtol=1e-4, atol=1e-6,
                                    err_msg=n)
+
+
+def run_train_noting_tensorflow(example, args, env=None, timeout=60):
+    """run_train, also telling whether the process had imported TensorFlow when it exited:
+    (exit code, stdout, stderr, loaded)."""
+    script = os.path.join(example_dir(example), "train.py")
+    wrapper = ("import atexit, runpy, sys\n"
+               "atexit.register(lambda: print('tensorflow loaded:', 'tensorflow' in sys.modules))\n"
+               "sys.argv = [%r] + %r\n"
+               "runpy.run_path(%r, run_name='__main__')\n" % (script, list(args), script))
+    full_env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    full_env.update(env or {})
+    proc = subprocess.run([sys.executable, "-c", wrapper], env=full_env, capture_output=True,
+                          text=True, timeout=timeout)
+    loaded = [l for l in proc.stdout.splitlines() if l.startswith("tensorflow loaded: ")]
+    assert loaded, "the process did not report its modules:\n" + proc.stdout[-2000:]
+    return proc.returncode, proc.stdout, proc.stderr, loaded[-1].endswith("True")
