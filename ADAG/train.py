@@ -161,10 +161,9 @@ def worker_variables(prefix, like, initial_value):
 
 # >>> shared: staleness
 def tick(global_step):
-    """global_step + 1, its value the clock this update made. The add and the read that gives
-    the value run in one critical section on the ps, so no other worker's add lands between
-    them (a plain assign_add's value is read again after it, by then maybe of another's add).
-    Only the clock is locked: the updates themselves stay without a lock."""
+    """global_step + 1, its value the clock this update made: the add and that read run in one
+    critical section on the ps (assign_add's own value is a later read, maybe after another
+    worker's add). Only the clock is locked, not the updates."""
     with tf.compat.v1.device(global_step.device):
         clock_lock = tf.CriticalSection(name="clock_lock", shared_name="clock_lock")
 
