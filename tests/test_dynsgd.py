@@ -5,8 +5,9 @@ import pytest
 import tensorflow as tf
 
 from conftest import (assert_a_killed_worker_does_not_hang_the_others, assert_one_push_per_window,
-                      assert_the_chief_evaluated_what_it_checkpointed, assert_ticks_are_one_each,
-                      assert_trained_to_the_bar, fixed_batch, flags, in_process_cluster,
+                      assert_same, assert_the_chief_evaluated_what_it_checkpointed,
+                      assert_ticks_are_one_each, assert_trained_to_the_bar, fixed_batch, flags,
+                      in_process_cluster,
                       in_threads, load_train_module, one_worker_session, run_with_defaults,
                       values, worker_config, worker_sessions)
 
@@ -27,7 +28,10 @@ def test_with_one_worker_a_push_is_never_stale_and_lands_whole():
     ops, s = one_worker_session(dynsgd.build_dynsgd, flags(dynsgd), cluster, worker)
     s.run(ops.pull)
     for push in (1, 2):
-        before, change = values(s, ops.global_params), window(s, ops)
+        before = values(s, ops.global_params)
+        assert_same(values(s, ops.local_params), before)  # the pull copied the ps to both
+        assert_same(values(s, ops.pulled_params), before)
+        change = window(s, ops)
         assert s.run(ops.push_and_pull) == push
         for name, theta in values(s, ops.global_params).items():
             assert np.abs(change[name]).max() > 1e-4
