@@ -9,8 +9,9 @@ import tensorflow as tf
 from conftest import (ACCURACY_BAR, assert_a_killed_worker_does_not_hang_the_others,
                       assert_nothing_left, assert_the_chief_evaluated_what_it_checkpointed,
                       assert_ticks_are_one_each, assert_trained_to_the_bar, finish, fixed_batch,
-                      flags, in_process_cluster, in_threads, load_train_module, run_with_defaults,
-                      start_example, worker_config, worker_sessions)
+                      flags, in_process_cluster, in_threads, load_train_module,
+                      one_worker_session, run_with_defaults, sgd_step_reference, start_example,
+                      values, worker_config, worker_sessions)
 
 hogwild = load_train_module("Hogwild")
 
@@ -53,6 +54,18 @@ def test_hogwild_parameters_are_shared_on_the_ps_a_write_through_one_worker_is_r
         assert not np.allclose(s0.run(ops0.global_params["w2"]), before)
         s0.run(ops0.step)
         assert s1.run(ops1.global_step) == 2
+
+
+def test_a_step_subtracts_the_learning_rate_times_the_gradient_on_the_ps():
+    cluster, (worker,) = in_process_cluster()
+    ops, s = one_worker_session(hogwild.build_hogwild, flags(hogwild, "--learning_rate", "0.1"),
+                                cluster, worker)
+    before = values(s, ops.global_params)
+    assert s.run(ops.step) == 1
+    expected = sgd_step_reference(hogwild, before, 0.1)
+    for name, value in values(s, ops.global_params).items():
+        assert np.abs(value - before[name]).max() > 1e-4, name
+        np.testing.assert_allclose(value, expected[name], rtol=1e-5, atol=1e-6, err_msg=name)
 
 
 def test_concurrent_steps_each_tick_the_clock_once_and_count_only_what_they_did_not_read():
