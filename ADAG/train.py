@@ -145,14 +145,14 @@ def build_adag(args, cluster, x, y):
         normalised_change = [(local_params[n] - pulled_params[n]) / args.window for n in start]
     with tf.control_dependencies([theta.assign_add(change, read_value=False) for theta, change
                                   in zip(global_params.values(), normalised_change)]):
-        push = global_step.assign_add(1)
+        push = tick(global_step)
 
     def copy_global_to_local():  # one read per parameter: pulled <- global, then local <- pulled
         return tf.group(*[local_params[n].assign(pulled_params[n].assign(theta), read_value=False)
                           for n, theta in global_params.items()])
     pull = copy_global_to_local()
-    with tf.control_dependencies([push]):  # the second copy is built after the push: it waits
-        with tf.control_dependencies([copy_global_to_local()]):
+    with tf.control_dependencies([push]):
+        with tf.control_dependencies([copy_global_to_local()]):  # built after the push: it waits
             push_and_pull = tf.identity(push)
     return Adag(global_params, local_params, pulled_params, global_step, loss, local_step, push,
                 pull, push_and_pull)
@@ -169,10 +169,27 @@ def worker_variables(prefix, like, initial_value):
 
 
 # >>> shared: staleness
+def tick(global_step):
+    """global_step + 1, its value the clock this update made: the add and that read run in one
+    critical section on the ps (assign_add's own value is a later read, maybe after another
+    worker's add). Only the clock is locked, not the updates."""
+    with tf.compat.v1.device(global_step.device):
+        clock_lock = tf.CriticalSection(name="clock_lock", shared_name="clock_lock")
+
+    def add_one():
+        before = global_step.read_value()
+        with tf.control_dependencies([before]):
+            added = global_step.assign_add(1, read_value=False)
+        with tf.control_dependencies([added]):
+            return tf.identity(before + 1)
+    return clock_lock.execute(add_one, exclusive_resource_access=False)
+
+
 def count_staleness(log, update, pulled_at=None):
-    """update (its value: the global step it made), also adding up on the ps how many updates of
-    others landed since this worker pulled: at the global step pulled_at (read in the same step),
-    or else at its previous update. It costs no traffic. Returns the update and the mean."""
+    """update (its value: the clock its tick made), also adding up on the ps how many updates of
+    others ticked since this worker pulled: since the clock pulled_at (read in the same step just
+    before the parameters: every update ticked by then is in what the worker read), or else since
+    this worker's previous update. It costs no traffic. Returns the update and the mean."""
     with tf.compat.v1.device("/job:worker/task:%d" % log.args.task_index):
         last_update = tf.compat.v1.Variable(log.global_step.read_value(), trainable=False,
                                             collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES])

@@ -23,6 +23,12 @@ The update rule (worker k; the global step counts exchanges)
             global_step  <- global_step + 1                 #  in between are kept)
     alpha is the paper's eta * rho; with alpha = 1 an exchange swaps the two, with alpha = 0
     the centre stays where it started and the workers train alone.
+    Where the gradient is taken differs from the paper's Algorithm 1 in one step per window.
+    There an exchange and a local step share one copy x: x <- x - alpha * (x - centre) -
+    learning_rate * grad L(x), the gradient at x from before the exchange. Here the exchange
+    ends a window and the next window's first gradient is taken after it, at x - elastic: that
+    step differs by learning_rate * (grad L(x - elastic) - grad L(x)), of the order of
+    alpha * learning_rate * |x - centre| times the loss's curvature; the other steps are alike.
 
 Run it
     bash run.sh                                    # 1 ps + 2 workers on free localhost ports
@@ -34,8 +40,8 @@ Use your own model: edit the sections marked "(replace with your own)", Data and
 
 References
     S. Zhang, A. Choromanska, Y. LeCun, "Deep learning with Elastic Averaging SGD", NIPS 2015,
-    arXiv:1412.6651, Algorithm 1 (the exchange comes before the gradient step there; here the
-    window's steps come first, so the centre's last exchange lands before training ends).
+    arXiv:1412.6651, Algorithm 1 (see above for the one step where the gradient point differs;
+    ending the window with the exchange lets the last one land before training ends).
 """
 import argparse
 import collections

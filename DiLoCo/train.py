@@ -2,8 +2,9 @@
 
 What it teaches
     Today's form of "train alone, then meet": each worker takes H steps of its own AdamW, then a
-    Sync-SGD round (its tokens, --step_timeout and --backup_workers carry over) applies the mean
-    of their changes on the ps with Nesterov momentum. At momentum 0 and rate 1: Local SGD.
+    Sync-SGD round (its tokens and --step_timeout carry over, its backup workers do not: see
+    BACKUP_WORKERS_REFUSED) applies the mean of their changes on the ps with Nesterov momentum.
+    At momentum 0 and rate 1: Local SGD.
 
 The update rule (round t; N workers aggregated; the global step counts rounds)
     worker k: local_params <- start <- global_params                                 # pull
@@ -47,8 +48,16 @@ def example_flags(parser):
     parser.add_argument("--weight_decay", type=float, default=0.01, help="AdamW's, decoupled")
     parser.add_argument("--outer_learning_rate", type=float, default=0.7)
     parser.add_argument("--outer_momentum", type=float, default=0.9, help="Nesterov's; 0: SGD")
-    parser.add_argument("--backup_workers", type=int, default=0, help="b: rounds need workers - b")
+    parser.add_argument("--backup_workers", type=int, default=0,
+                        help="must be 0: each variable is aggregated on its own, so a round needs "
+                        "every worker")
     parser.add_argument("--step_timeout", type=float, default=30, help="seconds a round may wait")
+
+
+# SyncReplicasOptimizer aggregates each variable on its own: with backup workers, one round could
+# average the outer gradient of w1 over one set of workers and that of w2 over another.
+BACKUP_WORKERS_REFUSED = ("--backup_workers must be 0 for DiLoCo: a round would average each "
+                          "variable over a different set of workers")
 
 
 # --- Data (replace with your own) -----------------------------------------------------------------
@@ -195,17 +204,8 @@ def sync_round(session, fetches, args, name):
         return session.run(fetches, options=tf.compat.v1.RunOptions(
             timeout_in_ms=int(args.step_timeout * 1000)))
     except tf.errors.DeadlineExceededError:
-        fail("worker%d: no %s completed within %g s: a worker is missing (--backup_workers lets "
-             "training go on without it)" % (args.task_index, name, args.step_timeout))
-
-def replicas_per_round(args, cluster):
-    """N, the workers whose contributions make a step or round: all but --backup_workers; at
-    least one, or the flags fail here in one line."""
-    workers = len(cluster["worker"])
-    if args.backup_workers >= workers:
-        fail("--backup_workers %d needs at least %d workers (have %d)"
-             % (args.backup_workers, args.backup_workers + 1, workers))
-    return workers - args.backup_workers
+        fail("worker%d: no %s completed within %g s: a worker is missing"
+             % (args.task_index, name, args.step_timeout))
 # <<< shared: sync replicas
 
 
@@ -234,7 +234,8 @@ def train(args, cluster, server):
 def main(argv=None):
     args = parse_flags(argv, example_flags)  # bad input fails here, before TensorFlow loads
     cluster = resolve_cluster(args)
-    replicas_per_round(args, cluster)  # checks --backup_workers
+    if args.backup_workers:
+        fail(BACKUP_WORKERS_REFUSED)
     return run_task(args, cluster, train)
 
 

@@ -13,11 +13,11 @@ The update rule (worker k; the global step counts pushes and is the ps's clock)
         window times:                                             # on the worker, no network
             g <- grad L(local_params; next mini-batch of k)
             local_params <- local_params - learning_rate * g
-        push:                                                     # on the ps
-            global_step   <- global_step + 1
-            staleness     <- global_step - 1 - pulled_at[k]      # others' pushes since k pulled
+        push, on the ps, one push or pull at a time (a lock):
+            staleness     <- global_step - pulled_at[k]          # others' pushes since k pulled
             global_params <- global_params + (local_params - pulled_params) / (staleness + 1)
-        pull: local_params <- global_params;  pulled_at[k] <- global_step
+            global_step   <- global_step + 1
+        pull, under the same lock: local_params <- global_params;  pulled_at[k] <- global_step
 
 Run it
     bash run.sh                                    # 1 ps + 2 workers on free localhost ports
@@ -131,7 +131,12 @@ DynSgd = collections.namedtuple("DynSgd", "global_params local_params pulled_par
 def build_dynsgd(args, cluster, x, y):
     """DynSGD's ops for this worker (the update rule above): local_step, an SGD step here; push,
     the change over staleness + 1 on the ps (its value: the global step; staleness_sum adds
-    the staleness up); pull, which also notes pulled_at; push_and_pull, both in one run."""
+    the staleness up); pull, which also notes pulled_at; push_and_pull, both in one run.
+
+    A push reads the clock, scales, adds and moves the clock on; a pull reads the parameters and
+    the clock it read them at. Each runs whole in one critical section on the ps (a lock shared
+    by every worker, as dist-keras's ps holds one), so no push of another worker lands halfway:
+    the staleness a push is scaled by is the number of pushes that really landed in between."""
     k, worker = args.task_index, "/job:worker/task:%d" % args.task_index
     with tf.compat.v1.device(ps_device(args, cluster)):
         global_step = tf.compat.v1.train.get_or_create_global_step()
@@ -149,22 +154,36 @@ def build_dynsgd(args, cluster, x, y):
         with tf.control_dependencies([p.assign_sub(args.learning_rate * g, read_value=False)
                                       for p, g in zip(local_params.values(), gradients)]):
             local_step = tf.identity(loss, name="local_step")
-        change = [local_params[name] - pulled_params[name] for name in global_params]
+        change = {name: local_params[name] - pulled_params[name] for name in global_params}
 
-    with tf.compat.v1.device(global_step.device):  # the scaling runs on the ps
-        clock = global_step.assign_add(1)
-        staleness = clock - 1 - pulled_at[k]
+    with tf.compat.v1.device(global_step.device):  # the lock, and all it guards, on the ps
+        one_at_a_time = tf.CriticalSection(name="dynsgd_lock", shared_name="dynsgd_lock")
+
+    def push_on_the_ps():  # inside the lock: one read of the clock serves every use
+        clock = global_step.read_value()
+        staleness = clock - pulled_at[k]  # pushes of others since this worker pulled
         scale = 1.0 / tf.cast(staleness + 1, tf.float32)
-        applied = [theta.assign_add(scale * c, read_value=False)
-                   for theta, c in zip(global_params.values(), change)]
-    with tf.control_dependencies(applied + [staleness_sum.assign_add(staleness)]):
-        push = tf.identity(clock)
+        applied = [theta.assign_add(scale * change[name], read_value=False)
+                   for name, theta in global_params.items()]
+        with tf.control_dependencies(applied):  # the clock moves once the parameters have
+            ticked = global_step.assign_add(1, read_value=False)
+            counted = staleness_sum.assign_add(staleness, read_value=False)
+        with tf.control_dependencies([ticked, counted]):
+            return tf.identity(clock + 1)
 
-    def copy_global_to_local():  # one read per parameter, and the clock it was read at
+    def read_on_the_ps():  # inside the lock: the parameters and the clock they were read at
         values = {name: theta.read_value() for name, theta in global_params.items()}
-        note_clock = pulled_at.scatter_update(tf.IndexedSlices(global_step.read_value()[None], [k]))
-        return tf.group(note_clock, *[copy[n].assign(values[n], read_value=False)
-                                      for copy in (local_params, pulled_params) for n in values])
+        clock = global_step.read_value()
+        with tf.control_dependencies(list(values.values()) + [clock]):
+            noted = pulled_at.scatter_update(tf.IndexedSlices(clock[None], [k]))
+        with tf.control_dependencies([noted]):
+            return {name: tf.identity(value) for name, value in values.items()}
+
+    def copy_global_to_local():
+        values = one_at_a_time.execute(read_on_the_ps, exclusive_resource_access=False)
+        return tf.group(*[copy[n].assign(values[n], read_value=False)
+                          for copy in (local_params, pulled_params) for n in values])
+    push = one_at_a_time.execute(push_on_the_ps, exclusive_resource_access=False)
     pull = copy_global_to_local()
     with tf.control_dependencies([push]):
         with tf.control_dependencies([copy_global_to_local()]):

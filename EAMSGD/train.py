@@ -21,6 +21,12 @@ The update rule (worker k; the global step counts exchanges)
             centre       <- centre + elastic                # on the ps (an add: others' adds
             global_step  <- global_step + 1                 #  in between are kept)
     alpha is the paper's eta * rho; with momentum = 0 this is AEASGD.
+    Where the look-ahead is taken differs from the paper's Algorithm 2 in one step per window.
+    There the exchange and a momentum step share one copy x: the look-ahead gradient is taken
+    at x + momentum * velocity with x from before the exchange, and the step is added to the
+    moved copy. Here the exchange ends a window and the next look-ahead is taken after it, at
+    x - elastic + momentum * velocity: that step's gradient differs by the order of
+    alpha * learning_rate * |x - centre| times the loss's curvature; the other steps are alike.
 
 Run it
     bash run.sh                                    # 1 ps + 2 workers on free localhost ports
@@ -31,7 +37,7 @@ Use your own model: edit the sections marked "(replace with your own)", Data and
 
 References
     S. Zhang, A. Choromanska, Y. LeCun, "Deep learning with Elastic Averaging SGD", NIPS 2015,
-    arXiv:1412.6651, Algorithm 2 (EAMSGD; there the exchange comes before the momentum step).
+    arXiv:1412.6651, Algorithm 2 (EAMSGD; see above for the one step that differs).
     Y. Nesterov, "A method of solving a convex programming problem with convergence rate
     O(1/k^2)", 1983; I. Sutskever et al., "On the importance of initialization and momentum in
     deep learning", ICML 2013 (the look-ahead form used here).

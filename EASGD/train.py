@@ -7,9 +7,15 @@ The update rule (round t: N workers aggregated, N * window of --steps; one globa
         d_k <- local_params - centre_t;  local_params <- local_params - alpha * d_k;  send -d_k
     the ps: centre_{t+1} <- centre_t - beta * mean of the -d_k = centre_t + alpha * sum of d_k
           = (1 - beta) * centre_t + beta * mean of the N workers,       beta = N * alpha <= 1
+    The paper (Sec. 3, synchronous EASGD) takes a round's move and a gradient step at one copy
+    x: x <- x - learning_rate * grad L(x) - alpha * (x - centre_t), the gradient at x from
+    before the move. Here the round ends a window and the next window's first gradient is taken
+    after it, at x - alpha * d_k: that step differs by learning_rate * (grad L(x - alpha * d_k)
+    - grad L(x)), of the order of alpha * learning_rate * |d_k| times the loss's curvature.
 
-Run it: bash run.sh (1 ps + 2 workers), NUM_WORKERS=3 bash run.sh --backup_workers 1 (a round
-goes on without one lost worker), or by hand as in ../Distributed-Setup.
+Run it: bash run.sh (1 ps + 2 workers), NUM_WORKERS=4 bash run.sh, or by hand as in
+../Distributed-Setup. A round needs every worker: unlike Sync-SGD, no backup workers (see
+BACKUP_WORKERS_REFUSED below).
 
 Reference: S. Zhang et al., "Deep learning with Elastic Averaging SGD", arXiv:1412.6651, Sec. 3.
 """
@@ -37,9 +43,17 @@ def example_flags(parser):
                         help="elastic moving rate (the paper's eta * rho), at most 1/N; the centre "
                         "moves beta = N * alpha of the way to the mean (None: beta 0.6 for any N)")
     parser.add_argument("--backup_workers", type=int, default=0,
-                        help="b: each round uses the first (workers - b) differences")
+                        help="must be 0: each variable is aggregated on its own, so a round needs "
+                        "every worker")
     parser.add_argument("--step_timeout", type=float, default=30,
                         help="seconds a round may wait for the other workers before failing")
+
+
+# SyncReplicasOptimizer aggregates each variable on its own: with backup workers, one round could
+# average w1 over one set of workers and w2 over another, and a worker whose difference came too
+# late would keep its own elastic move, which nothing gives back to the centre.
+BACKUP_WORKERS_REFUSED = ("--backup_workers must be 0 for EASGD: a round would mix the workers "
+                          "per variable and lose a late worker's elastic move")
 
 
 # --- Data (replace with your own) -----------------------------------------------------------------
@@ -167,17 +181,8 @@ def sync_round(session, fetches, args, name):
         return session.run(fetches, options=tf.compat.v1.RunOptions(
             timeout_in_ms=int(args.step_timeout * 1000)))
     except tf.errors.DeadlineExceededError:
-        fail("worker%d: no %s completed within %g s: a worker is missing (--backup_workers lets "
-             "training go on without it)" % (args.task_index, name, args.step_timeout))
-
-def replicas_per_round(args, cluster):
-    """N, the workers whose contributions make a step or round: all but --backup_workers; at
-    least one, or the flags fail here in one line."""
-    workers = len(cluster["worker"])
-    if args.backup_workers >= workers:
-        fail("--backup_workers %d needs at least %d workers (have %d)"
-             % (args.backup_workers, args.backup_workers + 1, workers))
-    return workers - args.backup_workers
+        fail("worker%d: no %s completed within %g s: a worker is missing"
+             % (args.task_index, name, args.step_timeout))
 # <<< shared: sync replicas
 
 
@@ -205,7 +210,9 @@ def train(args, cluster, server):
 def main(argv=None):
     args = parse_flags(argv, example_flags)  # bad input fails here, before TensorFlow loads
     cluster = resolve_cluster(args)
-    n = replicas_per_round(args, cluster)  # checks --backup_workers
+    if args.backup_workers:
+        fail(BACKUP_WORKERS_REFUSED)
+    n = len(cluster["worker"])
     args.alpha = 0.6 / n if args.alpha is None else args.alpha  # None: 0.3 with 2 workers
     if args.alpha * n > 1:
         fail("--alpha %g with %d workers per round moves the centre past their mean "

@@ -120,7 +120,7 @@ def model_loss_and_accuracy(params, x, y):
 
 
 # --- The algorithm --------------------------------------------------------------------------------
-Hogwild = collections.namedtuple("Hogwild", "global_params global_step loss step")
+Hogwild = collections.namedtuple("Hogwild", "global_params global_step pulled_at loss step")
 
 
 def build_hogwild(args, cluster, x, y):
@@ -130,24 +130,45 @@ def build_hogwild(args, cluster, x, y):
     with tf.compat.v1.device(ps_device(args, cluster)):
         global_step = tf.compat.v1.train.get_or_create_global_step()
         global_params = model_params(int(x.shape[1]), args.hidden, args.seed)
-        # pull: the forward pass reads global_params from the ps as they are at this moment
-        loss = model_loss_and_accuracy(global_params, x, y)[0]
-        gradients = tf.gradients(loss, list(global_params.values()))
+        # pull: read global_params from the ps as they are at this moment; the clock is read
+        # first, so every push it counts has landed in what is read (for the staleness meter)
+        pulled_at = global_step.read_value()
+        with tf.control_dependencies([pulled_at]):
+            pulled = {name: theta.read_value() for name, theta in global_params.items()}
+        loss = model_loss_and_accuracy(pulled, x, y)[0]
+        gradients = tf.gradients(loss, list(pulled.values()))
         # push: the subtraction runs on the ps, on whatever the parameters have become since the
         # pull. use_locking=False (the default, spelled out) lets the updates of two workers to
         # one variable interleave instead of queueing for a lock: Hogwild's bet.
         sgd = tf.compat.v1.train.GradientDescentOptimizer(args.learning_rate, use_locking=False)
         push = sgd.apply_gradients(zip(gradients, global_params.values()))
-        with tf.control_dependencies([push]):
-            step = global_step.assign_add(1)
-    return Hogwild(global_params, global_step, loss, step)
+        with tf.control_dependencies([push]):  # the clock counts a push once it has landed
+            step = tick(global_step)
+    return Hogwild(global_params, global_step, pulled_at, loss, step)
 
 
 # >>> shared: staleness
+def tick(global_step):
+    """global_step + 1, its value the clock this update made: the add and that read run in one
+    critical section on the ps (assign_add's own value is a later read, maybe after another
+    worker's add). Only the clock is locked, not the updates."""
+    with tf.compat.v1.device(global_step.device):
+        clock_lock = tf.CriticalSection(name="clock_lock", shared_name="clock_lock")
+
+    def add_one():
+        before = global_step.read_value()
+        with tf.control_dependencies([before]):
+            added = global_step.assign_add(1, read_value=False)
+        with tf.control_dependencies([added]):
+            return tf.identity(before + 1)
+    return clock_lock.execute(add_one, exclusive_resource_access=False)
+
+
 def count_staleness(log, update, pulled_at=None):
-    """update (its value: the global step it made), also adding up on the ps how many updates of
-    others landed since this worker pulled: at the global step pulled_at (read in the same step),
-    or else at its previous update. It costs no traffic. Returns the update and the mean."""
+    """update (its value: the clock its tick made), also adding up on the ps how many updates of
+    others ticked since this worker pulled: since the clock pulled_at (read in the same step just
+    before the parameters: every update ticked by then is in what the worker read), or else since
+    this worker's previous update. It costs no traffic. Returns the update and the mean."""
     with tf.compat.v1.device("/job:worker/task:%d" % log.args.task_index):
         last_update = tf.compat.v1.Variable(log.global_step.read_value(), trainable=False,
                                             collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES])
@@ -168,7 +189,7 @@ def train(args, cluster, server):
                             args.seed)  # no device given: the pipeline runs on this worker
     hogwild = build_hogwild(args, cluster, x, y)
     log = TrainingLog(args, cluster, hogwild.global_params, data)
-    step, mean_staleness = count_staleness(log, hogwild.step, hogwild.global_step.read_value())
+    step, mean_staleness = count_staleness(log, hogwild.step, hogwild.pulled_at)
     session = log.start(server)
     while log.step < args.steps:  # no barrier: each worker stops once it sees --steps reached
         log.after_update(session, *session.run([hogwild.loss, step]))

@@ -16,7 +16,8 @@ The update rule (step t; N workers; the global step counts synchronous steps)
                     g   <- all-reduce mean of g_1 .. g_N                 # among the workers
                     params_{t+1} <- params_t - learning_rate_eff * g     # on every copy
     learning_rate_eff = N * learning_rate: the mean of N gradients is one step for N mini-batches
-    (the linear scaling rule, as in Sync-SGD).
+    (the linear scaling rule, as in Sync-SGD). N counts replicas: a worker with G GPUs is G of
+    them (strategy.num_replicas_in_sync), each with its own mini-batch.
 
 Run it
     bash run.sh                                    # 2 workers on free localhost ports
@@ -124,7 +125,6 @@ Mirrored = collections.namedtuple("Mirrored", "strategy params global_step itera
 
 def build_mirrored(args, cluster, data):
     """The strategy, the mirrored variables, this worker's dataset, and one synchronous step."""
-    workers = len(cluster["worker"])
     strategy = tf.distribute.MultiWorkerMirroredStrategy(  # reads TF_CONFIG; waits for all
         communication_options=tf.distribute.experimental.CommunicationOptions(
             timeout_seconds=args.step_timeout))
@@ -136,7 +136,9 @@ def build_mirrored(args, cluster, data):
         return training_dataset(data, args.batch_size, context.input_pipeline_id,
                                 context.num_input_pipelines, args.seed)
     iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
-    learning_rate = args.learning_rate * workers  # the linear scaling rule
+    # the linear scaling rule: N mini-batches a step, one on each replica (a worker's GPUs, or
+    # its CPU), so N is the number of replicas, not of workers
+    learning_rate = args.learning_rate * strategy.num_replicas_in_sync
 
     @tf.function
     def train_step(iterator):

@@ -16,6 +16,8 @@ The update rule (asynchronous SGD; the global step counts mini-batches)
         K times:  g <- grad L(params; next mini-batch of this worker's dataset)
                   params <- params - learning_rate * g          # on the ps
                   global_step <- global_step + 1
+    A worker with several GPUs runs a mini-batch on each (its replicas) and g is the mean of
+    their gradients: one step of learning_rate, not one per replica.
 
 Run it
     bash run.sh                                    # 1 ps + 2 workers + the coordinator
@@ -145,16 +147,19 @@ def build_pss(args, cluster, data):
 
     @tf.function
     def train_steps(iterator):  # K steps on one worker, scheduled by the coordinator
-        def step(x, y):
+        def gradients(x, y):  # on each replica of the worker: each of its GPUs, or its CPU
             with tf.GradientTape() as tape:
                 loss = model_loss_and_accuracy(params, x, y)[0]
-            for v, g in zip(shards, tape.gradient(loss, shards)):
-                v.assign_sub(args.learning_rate * g)  # on the ps, with no lock
-            global_step.assign_add(1)
-            return loss
+            return loss, tape.gradient(loss, shards)
         loss = tf.constant(0.0)
         for _ in tf.range(args.steps_per_call):
-            loss = strategy.run(step, args=next(iterator))
+            losses, per_replica = strategy.run(gradients, args=next(iterator))
+            # one step a mini-batch per replica: the mean over a worker's replicas, applied
+            # once (applying each replica's gradient would multiply the rate by their number)
+            for v, g in zip(shards, per_replica):
+                v.assign_sub(args.learning_rate * strategy.reduce("MEAN", g, axis=None))
+            global_step.assign_add(1)  # on the ps, with no lock, like the steps
+            loss = strategy.reduce("MEAN", losses, axis=None)
         worker = tf.distribute.coordinator.experimental_get_current_worker_index()
         steps_per_worker.scatter_add(tf.IndexedSlices(
             tf.constant([args.steps_per_call], tf.int64), tf.reshape(worker, [1])))

@@ -167,17 +167,8 @@ def sync_round(session, fetches, args, name):
         return session.run(fetches, options=tf.compat.v1.RunOptions(
             timeout_in_ms=int(args.step_timeout * 1000)))
     except tf.errors.DeadlineExceededError:
-        fail("worker%d: no %s completed within %g s: a worker is missing (--backup_workers lets "
-             "training go on without it)" % (args.task_index, name, args.step_timeout))
-
-def replicas_per_round(args, cluster):
-    """N, the workers whose contributions make a step or round: all but --backup_workers; at
-    least one, or the flags fail here in one line."""
-    workers = len(cluster["worker"])
-    if args.backup_workers >= workers:
-        fail("--backup_workers %d needs at least %d workers (have %d)"
-             % (args.backup_workers, args.backup_workers + 1, workers))
-    return workers - args.backup_workers
+        fail("worker%d: no %s completed within %g s: a worker is missing"
+             % (args.task_index, name, args.step_timeout))
 # <<< shared: sync replicas
 
 
@@ -206,7 +197,9 @@ def train(args, cluster, server):
 def main(argv=None):
     args = parse_flags(argv, example_flags)  # bad input fails here, before TensorFlow loads
     cluster = resolve_cluster(args)
-    replicas_per_round(args, cluster)  # checks --backup_workers
+    if args.backup_workers >= len(cluster["worker"]):
+        fail("--backup_workers %d needs at least %d workers (have %d)"
+             % (args.backup_workers, args.backup_workers + 1, len(cluster["worker"])))
     return run_task(args, cluster, train)
 
 

@@ -363,3 +363,154 @@ def one_worker_session(build, args, cluster, server, batch=fixed_batch):
     session.run(init[0])
     session.run(init[1])  # after the globals: the local copies start from the ps
     return ops, session
+
+
+# --- Several workers at once, and references computed apart ---------------------------------------
+def in_threads(work, count, timeout=120):
+    """Run work(k) for k in 0..count-1, each in its own thread, all at once; a failure in any
+    thread fails the test, and so does one still running after timeout seconds."""
+    errors = []
+
+    def guarded(k):
+        try:
+            work(k)
+        except Exception as e:  # reported below, in the test's own thread
+            errors.append(e)
+    threads = [threading.Thread(target=guarded, args=(k,), daemon=True) for k in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=timeout)
+        assert not t.is_alive(), "the workers did not finish within %d s" % timeout
+    assert not errors, errors
+
+
+def worker_sessions(module, build, count, *argv, extra=None):
+    """count workers of an asynchronous example on a real in-process cluster, each in its own
+    graph and session on its own fixed batch, the chief's initialisation done. extra(ops) may
+    add ops to a worker's graph; its result is kept. Returns [(ops, session, extras)]."""
+    import tensorflow as tf
+    cluster, servers = in_process_cluster(num_workers=count)
+    workers = []
+    for k in range(count):
+        with tf.Graph().as_default() as graph:
+            args = flags(module, "--task_index", str(k), *argv)
+            ops = build(args, cluster, *fixed_batch(seed=k))
+            added = extra(args, ops) if extra else None
+            init = [tf.compat.v1.global_variables_initializer(),
+                    tf.compat.v1.local_variables_initializer()]
+        session = tf.compat.v1.Session(servers[k].target, graph=graph, config=worker_config(k))
+        if k == 0:
+            session.run(init[0])
+        workers.append((ops, session, added, init[1]))
+    for ops, session, added, local_init in workers:  # after the chief: they read the ps
+        session.run(local_init)
+    return [(ops, session, added) for ops, session, added, _ in workers]
+
+
+def assert_ticks_are_one_each(ticks, total):
+    """Every update's tick of the clock is its own: together they count 1, 2, ... total."""
+    assert sorted(ticks) == list(range(1, total + 1)), "two updates read the same clock"
+
+
+def sgd_step_reference(module, start, learning_rate, seed=0):
+    """One plain SGD step from the parameters start on fixed_batch(seed), computed apart from
+    the example (TensorFlow's own gradient descent on variables of a fresh graph)."""
+    import tensorflow as tf
+    with tf.Graph().as_default():
+        params = {name: tf.compat.v1.Variable(value) for name, value in start.items()}
+        loss = module.model_loss_and_accuracy(params, *fixed_batch(seed=seed))[0]
+        step = tf.compat.v1.train.GradientDescentOptimizer(learning_rate).minimize(loss)
+        with tf.compat.v1.Session() as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            session.run(step)
+            return values(session, params)
+
+
+def gradient_reference(module, params, seed=0):
+    """The gradient of the example's loss at params on fixed_batch(seed), computed apart."""
+    import tensorflow as tf
+    with tf.Graph().as_default():
+        constants = {name: tf.constant(value) for name, value in params.items()}
+        loss = module.model_loss_and_accuracy(constants, *fixed_batch(seed=seed))[0]
+        gradients = tf.gradients(loss, list(constants.values()))
+        with tf.compat.v1.Session() as session:
+            return dict(zip(constants, session.run(gradients)))
+
+
+def assert_the_chief_evaluated_what_it_checkpointed(run, example):
+    """The chief's reported test accuracy is that of the parameters in its last checkpoint: the
+    ps's (the global parameters, or the centre variable), not a worker's own copy."""
+    import tensorflow as tf
+    module = load_train_module(example)
+    log_dir = [l for _, l in run.lines if "[worker0] chief: log_dir=" in l][0].split("=", 1)[1]
+    reader = tf.train.load_checkpoint(log_dir)
+    data = module.load_dataset("")
+    with tf.Graph().as_default():
+        params = {name: tf.constant(reader.get_tensor(name)) for name in ("w1", "b1", "w2", "b2")}
+        accuracy = module.model_loss_and_accuracy(params, module.scale(
+            data.x_test, data.pixel_max), data.y_test)[1]
+        with tf.compat.v1.Session() as session:
+            checkpointed = float(session.run(accuracy))
+    assert float(run.summary()["test_accuracy"]) == pytest.approx(checkpointed, abs=1e-5), (
+        "the chief reported an accuracy its checkpointed parameters do not have")
+    return checkpointed
+
+
+def one_strategy_step(example, *argv, processes=1, timeout=180):
+    """Run tests/strategy_step.py for a TensorFlow 2 example (in processes processes, task k
+    getting k as its argument after argv) and return what it wrote: the dataset, the parameters
+    before and after one update."""
+    import tempfile
+    out = tempfile.mkdtemp(prefix="strategy_step_")
+    script = os.path.join(ROOT, "tests", "strategy_step.py")
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    runs = [subprocess.Popen([sys.executable, script, example, os.path.join(out, "%d.npz" % k)]
+                             + ([str(k)] if processes > 1 else []) + list(argv), env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            for k in range(processes)]
+    try:
+        outputs = [run.communicate(timeout=timeout)[0] for run in runs]
+    finally:
+        for run in runs:
+            run.kill()
+    for run, output in zip(runs, outputs):
+        assert run.returncode == 0, output[-3000:]
+    assert_nothing_left(out)
+    return [dict(np.load(os.path.join(out, "%d.npz" % k))) for k in range(processes)]
+
+
+def assert_one_sgd_step_of(step, example, learning_rate):
+    """step (one_strategy_step's result) moved the parameters by -learning_rate times the
+    gradient of the mean loss over the whole dataset, computed apart."""
+    import tensorflow as tf
+    module = load_train_module(example)
+    names = [k[len("before_"):] for k in step if k.startswith("before_")]
+    with tf.Graph().as_default():
+        params = {n: tf.constant(step["before_" + n]) for n in names}
+        loss = module.model_loss_and_accuracy(params, module.scale(
+            step["x"], int(step["pixel_max"])), tf.constant(step["y"]))[0]
+        with tf.compat.v1.Session() as session:
+            gradients = dict(zip(names, session.run(tf.gradients(loss, list(params.values())))))
+    for n in names:
+        assert np.abs(gradients[n]).max() > 1e-4, n
+        np.testing.assert_allclose(step["after_" + n], step["before_" + n]
+                                   - learning_rate * gradients[n], rtol=1e-4, atol=1e-6,
+                                   err_msg=n)
+
+
+def run_train_noting_tensorflow(example, args, env=None, timeout=60):
+    """run_train, also telling whether the process had imported TensorFlow when it exited:
+    (exit code, stdout, stderr, loaded)."""
+    script = os.path.join(example_dir(example), "train.py")
+    wrapper = ("import atexit, runpy, sys\n"
+               "atexit.register(lambda: print('tensorflow loaded:', 'tensorflow' in sys.modules))\n"
+               "sys.argv = [%r] + %r\n"
+               "runpy.run_path(%r, run_name='__main__')\n" % (script, list(args), script))
+    full_env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    full_env.update(env or {})
+    proc = subprocess.run([sys.executable, "-c", wrapper], env=full_env, capture_output=True,
+                          text=True, timeout=timeout)
+    loaded = [l for l in proc.stdout.splitlines() if l.startswith("tensorflow loaded: ")]
+    assert loaded, "the process did not report its modules:\n" + proc.stdout[-2000:]
+    return proc.returncode, proc.stdout, proc.stderr, loaded[-1].endswith("True")

@@ -1,12 +1,16 @@
 """ADAG (AGN): the ps adds the accumulated parameter change divided by the window."""
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from conftest import (assert_a_killed_worker_does_not_hang_the_others, assert_one_push_per_window,
+                      assert_the_chief_evaluated_what_it_checkpointed, assert_ticks_are_one_each,
                       assert_trained_to_the_bar, fixed_batch, flags, in_process_cluster,
-                      load_train_module, one_worker_session, run_with_defaults, values)
+                      in_threads, load_train_module, one_worker_session, run_with_defaults,
+                      values, worker_sessions)
 
 adag = load_train_module("ADAG")
 
@@ -70,11 +74,37 @@ def test_adag_with_a_window_of_one_equals_a_downpour_style_push():
         np.testing.assert_allclose(by_adag[name], by_downpour[name], rtol=1e-6, atol=1e-7)
 
 
+def test_concurrent_pushes_each_tick_the_clock_once_and_count_the_pushes_of_others_between():
+    # three workers push at once; the staleness meter counts, per push, the pushes of others
+    # since the worker's own previous one: each push's tick its own, none counted below zero
+    count, pushes = 3, 20
+    workers = worker_sessions(adag, adag.build_adag, count, "--window", "1", extra=lambda args, ops:
+                              adag.count_staleness(SimpleNamespace(
+                                  args=args, global_step=ops.global_step), ops.push_and_pull))
+    ticks = {k: [] for k in range(count)}
+
+    def push_as_fast_as_possible(k):
+        ops, s, (push_and_pull, _) = workers[k]
+        for _ in range(pushes):
+            s.run(ops.local_step)
+            ticks[k].append(int(s.run(push_and_pull)))
+    in_threads(push_as_fast_as_possible, count)
+    assert_ticks_are_one_each([t for k in ticks for t in ticks[k]], count * pushes)
+    total = sum(t - 1 - previous for k in ticks for previous, t in zip([0] + ticks[k], ticks[k]))
+    ops, s, (_, mean) = workers[0]
+    assert s.run(mean) == pytest.approx(total / (count * pushes))
+    assert all(a < b for k in ticks for a, b in zip(ticks[k], ticks[k][1:]))
+
+
 # --- End to end through run.sh --------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def default_run(tmp_path_factory):
     """One run with the defaults (1 ps + 2 workers), shared by the tests that read it."""
     return run_with_defaults("ADAG", tmp_path_factory)
+
+
+def test_adag_chief_evaluates_the_global_parameters(default_run):
+    assert_the_chief_evaluated_what_it_checkpointed(default_run, "ADAG")
 
 
 def test_adag_reaches_the_accuracy_bar_with_its_defaults(default_run):

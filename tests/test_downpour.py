@@ -6,9 +6,10 @@ import pytest
 import tensorflow as tf
 
 from conftest import (assert_a_killed_worker_does_not_hang_the_others, assert_one_push_per_window,
-                      assert_same, assert_trained_to_the_bar, differs, fixed_batch, flags,
-                      in_process_cluster, load_train_module, one_worker_session,
-                      run_with_defaults, values, worker_config)
+                      assert_same, assert_the_chief_evaluated_what_it_checkpointed,
+                      assert_trained_to_the_bar, differs, fixed_batch, flags, in_process_cluster,
+                      load_train_module, one_worker_session, run_with_defaults, values,
+                      worker_config)
 
 downpour = load_train_module("DOWNPOUR")
 
@@ -104,10 +105,21 @@ def test_downpour_every_local_step_uses_a_new_batch():
     assert len(set().union(*seen)) == epoch * args.batch_size, "an example came twice"
 
 
-def test_downpour_workers_start_from_the_ps_values_through_the_session_barrier(tmp_path):
+def test_downpour_workers_start_from_the_ps_values_through_the_session_barrier(tmp_path,
+                                                                              monkeypatch):
     # Worker 1 asks for its session before the chief has initialised anything. It must wait,
     # then take its local copy from the ps: the chief's values (seed 1), not its own (seed 0).
     cluster, workers = in_process_cluster(num_workers=2)
+    found_not_ready, wait_for = threading.Event(), downpour.wait_for
+
+    def wait_for_noting_a_no(condition, *seconds):  # the barrier's checks, seen from outside
+        def noted():
+            met = condition()
+            if not met:
+                found_not_ready.set()
+            return met
+        return wait_for(noted, *seconds)
+    monkeypatch.setattr(downpour, "wait_for", wait_for_noting_a_no)
     digits = downpour.Dataset(None, None, np.zeros((2, 5), np.uint8), np.zeros(2, np.int64), 1)
 
     def session_of(worker, *argv):
@@ -121,7 +133,7 @@ def test_downpour_workers_start_from_the_ps_values_through_the_session_barrier(t
     joining = threading.Thread(target=lambda: ready.update(zip(("ops", "session"), session_of(
         1, "--connect_timeout", "30"))), daemon=True)
     joining.start()
-    joining.join(1.0)
+    assert found_not_ready.wait(30), "worker 1 did not check whether the ps was set up"
     assert "session" not in ready, "worker 1 started before the chief initialised the ps"
 
     chief, chief_session = session_of(0, "--seed", "1")
@@ -145,6 +157,10 @@ def test_downpour_workers_start_from_the_ps_values_through_the_session_barrier(t
 def default_run(tmp_path_factory):
     """One run with the defaults (1 ps + 2 workers), shared by the tests that read it."""
     return run_with_defaults("DOWNPOUR", tmp_path_factory)
+
+
+def test_downpour_chief_evaluates_the_global_parameters(default_run):
+    assert_the_chief_evaluated_what_it_checkpointed(default_run, "DOWNPOUR")
 
 
 def test_downpour_reaches_the_accuracy_bar_with_its_defaults(default_run):

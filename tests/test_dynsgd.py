@@ -5,9 +5,11 @@ import pytest
 import tensorflow as tf
 
 from conftest import (assert_a_killed_worker_does_not_hang_the_others, assert_one_push_per_window,
-                      assert_trained_to_the_bar, fixed_batch, flags, in_process_cluster,
-                      load_train_module, one_worker_session, run_with_defaults, values,
-                      worker_config)
+                      assert_same, assert_the_chief_evaluated_what_it_checkpointed,
+                      assert_ticks_are_one_each, assert_trained_to_the_bar, fixed_batch, flags,
+                      in_process_cluster,
+                      in_threads, load_train_module, one_worker_session, run_with_defaults,
+                      values, worker_config, worker_sessions)
 
 dynsgd = load_train_module("DynSGD")
 
@@ -26,7 +28,10 @@ def test_with_one_worker_a_push_is_never_stale_and_lands_whole():
     ops, s = one_worker_session(dynsgd.build_dynsgd, flags(dynsgd), cluster, worker)
     s.run(ops.pull)
     for push in (1, 2):
-        before, change = values(s, ops.global_params), window(s, ops)
+        before = values(s, ops.global_params)
+        assert_same(values(s, ops.local_params), before)  # the pull copied the ps to both
+        assert_same(values(s, ops.pulled_params), before)
+        change = window(s, ops)
         assert s.run(ops.push_and_pull) == push
         for name, theta in values(s, ops.global_params).items():
             assert np.abs(change[name]).max() > 1e-4
@@ -60,11 +65,65 @@ def test_a_push_that_is_one_push_old_lands_at_half_its_size():
     assert list(s0.run(ops0.pulled_at)) == [0, 2]
 
 
+def mark_one_coordinate_of_w2(args, ops):
+    """Ops to make the change a worker pushes one coordinate of w2 by 1 and nothing else, and
+    to set the ps's w2 to zero."""
+    which = tf.compat.v1.placeholder(tf.int32, [])
+    w2 = ops.global_params["w2"]
+    one_hot = tf.reshape(tf.one_hot(which, w2.shape.num_elements()), w2.shape)
+    set_change = tf.group(*[ops.local_params[n].assign(
+        ops.pulled_params[n] + (one_hot if n == "w2" else 0.0)) for n in ops.global_params])
+    return which, set_change, w2.assign(tf.zeros(w2.shape))
+
+
+def test_concurrent_pushes_are_each_scaled_by_the_staleness_they_really_had():
+    # Three workers push at once, as fast as they can. Each push changes its own coordinate of
+    # w2 by 1 and nothing else, so the ps's w2 (from zero) records the scale each push landed
+    # with, and the w2 a worker pulled shows which pushes it really had. A push is stale by the
+    # pushes that landed between its pull and itself: it must be scaled by 1 / (staleness + 1).
+    count, pushes = 3, 24
+    workers = worker_sessions(dynsgd, dynsgd.build_dynsgd, count,
+                              extra=mark_one_coordinate_of_w2)
+    chief, chief_session, (_, _, zero_w2) = workers[0]
+    assert count * pushes <= chief.global_params["w2"].shape.num_elements()
+    chief_session.run(zero_w2)
+    records = []  # (mark, clock of the push, marks the worker had pulled, pulled_at)
+
+    def push_as_fast_as_possible(k):
+        ops, s, (which, set_change, _) = workers[k]
+        s.run(ops.pull)
+        for i in range(pushes):
+            had = set(np.flatnonzero(s.run(ops.pulled_params["w2"])).tolist())
+            pulled_at = s.run(ops.pulled_at)[k]
+            s.run(set_change, {which: k * pushes + i})
+            records.append((k * pushes + i, int(s.run(ops.push_and_pull)), had, pulled_at))
+    in_threads(push_as_fast_as_possible, count)
+
+    assert_ticks_are_one_each([clock for _, clock, _, _ in records], count * pushes)
+    landed = chief_session.run(chief.global_params["w2"]).ravel()
+    mark_at = {clock: mark for mark, clock, _, _ in records}
+    total = 0
+    for mark, clock, had, pulled_at in records:
+        # the pull saw exactly the pushes its clock counted, no more, no fewer
+        assert had == {mark_at[c] for c in range(1, pulled_at + 1)}, (mark, had, pulled_at)
+        staleness = clock - 1 - len(had)  # the pushes landed between this pull and this push
+        total += staleness
+        np.testing.assert_allclose(landed[mark], 1.0 / (staleness + 1), rtol=1e-5,
+                                   err_msg="push %d at clock %d had staleness %d"
+                                   % (mark, clock, staleness))
+    assert chief_session.run(chief.staleness_sum) == total
+    assert total > 0, "the workers never overlapped: nothing stale was checked"
+
+
 # --- End to end through run.sh --------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def default_run(tmp_path_factory):
     """One run with the defaults (1 ps + 2 workers), shared by the tests that read it."""
     return run_with_defaults("DynSGD", tmp_path_factory)
+
+
+def test_dynsgd_chief_evaluates_the_global_parameters(default_run):
+    assert_the_chief_evaluated_what_it_checkpointed(default_run, "DynSGD")
 
 
 def test_dynsgd_reaches_the_accuracy_bar_with_its_defaults(default_run):

@@ -3,10 +3,11 @@ centre becomes (1 - beta) * centre + beta * mean of the workers."""
 import numpy as np
 import pytest
 
-from conftest import (all_at_once, assert_a_backup_worker_covers_a_lost_one,
-                      assert_a_lost_worker_stops_the_rounds, assert_every_worker_in_every_round,
-                      assert_same, error_lines, flags, load_train_module, run_train,
-                      run_with_defaults, sync_workers, values)
+from conftest import (all_at_once, assert_a_lost_worker_stops_the_rounds,
+                      assert_every_worker_in_every_round, assert_nothing_left, assert_same,
+                      assert_the_chief_evaluated_what_it_checkpointed, error_lines, finish, flags,
+                      load_train_module, run_train, run_with_defaults, sgd_step_reference,
+                      start_example, sync_workers, values)
 
 easgd = load_train_module("EASGD")
 
@@ -81,6 +82,20 @@ def test_an_exchange_moves_local_and_centre_alpha_of_their_difference_towards_ea
         assert_same(local_after, local)
 
 
+def test_a_local_step_is_sgd_and_after_a_round_its_gradient_is_taken_at_the_moved_copy():
+    # the one step per window where the example departs from the paper, as its docstring says
+    [ops], [session] = sync_workers(easgd.build_easgd, [
+        flags(easgd, "--learning_rate", "0.2", "--alpha", "0.3")])
+    for _ in range(2):
+        before = values(session, ops.local_params)
+        session.run(ops.local_step)
+        expected = sgd_step_reference(easgd, before, 0.2)
+        for name, value in values(session, ops.local_params).items():
+            assert np.abs(value - before[name]).max() > 1e-4, name
+            np.testing.assert_allclose(value, expected[name], rtol=1e-5, atol=1e-6, err_msg=name)
+        all_at_once([session], [ops.exchange])
+
+
 def test_an_alpha_that_would_carry_the_centre_past_the_mean_is_rejected():
     code, _, stderr = run_train("EASGD", ["--job_name", "worker", "--alpha", "0.6", "--ps_hosts",
                                           "localhost:1", "--worker_hosts", "localhost:2,localhost:3"])
@@ -89,15 +104,23 @@ def test_an_alpha_that_would_carry_the_centre_past_the_mean_is_rejected():
                                    "past their mean (beta = 1.2 > 1): use at most 0.5"]
 
 
-@pytest.mark.parametrize("workers,backups,alpha", [(2, 0, 0.3), (4, 0, 0.15), (3, 1, 0.3)])
-def test_the_default_alpha_keeps_beta_at_0_6_for_any_number_of_workers(workers, backups, alpha,
-                                                                         monkeypatch):
+@pytest.mark.parametrize("workers,alpha", [(2, 0.3), (4, 0.15)])
+def test_the_default_alpha_keeps_beta_at_0_6_for_any_number_of_workers(workers, alpha, monkeypatch):
     # the task itself is not started: main hands run_task the flags as they will train
     monkeypatch.setattr(easgd, "run_task", lambda args, cluster, train: args.alpha)
     hosts = ",".join("localhost:%d" % (2 + k) for k in range(workers))
-    got = easgd.main(["--job_name", "worker", "--ps_hosts", "localhost:1", "--worker_hosts", hosts,
-                      "--backup_workers", str(backups)])
+    got = easgd.main(["--job_name", "worker", "--ps_hosts", "localhost:1", "--worker_hosts", hosts])
     assert got == pytest.approx(alpha)
+
+
+def test_backup_workers_are_refused_in_one_line():
+    # a round's differences are aggregated per variable: with backups the set of workers could
+    # differ from one variable to the next, and a late worker's elastic move would be lost
+    code, _, stderr = run_train("EASGD", ["--job_name", "worker", "--backup_workers", "1",
+                                          "--ps_hosts", "localhost:1", "--worker_hosts",
+                                          "localhost:2,localhost:3,localhost:4"])
+    assert code == 2 and error_lines(stderr) == ["error: " + easgd.BACKUP_WORKERS_REFUSED]
+    assert "per variable" in easgd.BACKUP_WORKERS_REFUSED
 
 
 # --- End to end through run.sh --------------------------------------------------------------------
@@ -112,6 +135,11 @@ def test_without_backup_workers_a_killed_worker_stops_the_rest_with_a_clear_erro
     assert_a_lost_worker_stops_the_rounds("EASGD", tmp_path, "round")
 
 
-def test_with_a_backup_worker_a_killed_worker_does_not_stop_training(tmp_path):
-    assert_a_backup_worker_covers_a_lost_one("EASGD", tmp_path, global_step=125,
-                                             args=["--alpha", "0.25"])
+def test_the_chief_evaluates_the_centre_not_its_own_copy(tmp_path):
+    # alpha 0: the centre stays at the initial parameters while the workers train alone, so
+    # the centre's accuracy and a worker's are far apart
+    run = finish(start_example("EASGD", ["--log_dir", str(tmp_path / "logs"), "--alpha", "0",
+                                       "--steps", "320"]), timeout=180)
+    assert run.code == 0, run.output[-3000:]
+    assert assert_the_chief_evaluated_what_it_checkpointed(run, "EASGD") < 0.3, run.summary()
+    assert_nothing_left(str(tmp_path))

@@ -1,13 +1,17 @@
 """Hogwild: one copy of the parameters on the ps, updated by every worker step without a lock."""
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from conftest import (ACCURACY_BAR, assert_a_killed_worker_does_not_hang_the_others,
-                      assert_nothing_left, assert_trained_to_the_bar, finish, flags,
-                      in_process_cluster, load_train_module, run_with_defaults, start_example,
-                      worker_config)
+                      assert_nothing_left, assert_the_chief_evaluated_what_it_checkpointed,
+                      assert_ticks_are_one_each, assert_trained_to_the_bar, finish, fixed_batch,
+                      flags, in_process_cluster, in_threads, load_train_module,
+                      one_worker_session, run_with_defaults, sgd_step_reference, start_example,
+                      values, worker_config, worker_sessions)
 
 hogwild = load_train_module("Hogwild")
 
@@ -52,10 +56,97 @@ def test_hogwild_parameters_are_shared_on_the_ps_a_write_through_one_worker_is_r
         assert s1.run(ops1.global_step) == 2
 
 
+def test_a_step_subtracts_the_learning_rate_times_the_gradient_on_the_ps():
+    cluster, (worker,) = in_process_cluster()
+    ops, s = one_worker_session(hogwild.build_hogwild, flags(hogwild, "--learning_rate", "0.1"),
+                                cluster, worker)
+    before = values(s, ops.global_params)
+    assert s.run(ops.step) == 1
+    expected = sgd_step_reference(hogwild, before, 0.1)
+    for name, value in values(s, ops.global_params).items():
+        assert np.abs(value - before[name]).max() > 1e-4, name
+        np.testing.assert_allclose(value, expected[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_concurrent_steps_each_tick_the_clock_once_and_count_only_what_they_did_not_read():
+    # Three workers step at once. Each step's value is its own tick of the clock (1, 2, ... in
+    # some order, none read twice), and the clock it pulled at was read after its own previous
+    # step had ticked and before this one did: a staleness of 0 or more, never -1.
+    count, steps = 3, 30
+    workers = worker_sessions(hogwild, hogwild.build_hogwild, count, extra=lambda args, ops:
+                              hogwild.count_staleness(SimpleNamespace(
+                                  args=args, global_step=ops.global_step), ops.step,
+                                  ops.pulled_at))
+    records = {k: [] for k in range(count)}
+
+    def step_as_fast_as_possible(k):
+        ops, s, (step, _) = workers[k]
+        for _ in range(steps):
+            records[k].append(tuple(int(v) for v in s.run([step, ops.pulled_at])))
+    in_threads(step_as_fast_as_possible, count)
+
+    assert_ticks_are_one_each([t for k in records for t, _ in records[k]], count * steps)
+    total = 0
+    for k, steps_of_k in records.items():
+        previous = 0
+        for tick, pulled_at in steps_of_k:
+            assert previous <= pulled_at < tick, (k, previous, pulled_at, tick)
+            total += tick - 1 - pulled_at
+            previous = tick
+    chief, chief_session, (_, mean) = workers[0]
+    assert chief_session.run(mean) == pytest.approx(total / (count * steps))
+    assert total > 0, "the workers never overlapped: nothing stale was checked"
+
+
+def test_the_clock_ticks_once_per_update_under_contention():
+    # tick, the shared helper every asynchronous example counts its updates with: four workers
+    # tick as fast as they can, nothing else in between; each tick's value is its own
+    count, ticks = 4, 50
+    cluster, servers = in_process_cluster(num_workers=count)
+    sessions = []
+    for k in range(count):
+        with tf.Graph().as_default() as graph:
+            with tf.compat.v1.device(tf.compat.v1.train.replica_device_setter(cluster=cluster)):
+                global_step = tf.compat.v1.train.get_or_create_global_step()
+            tick = hogwild.tick(global_step)
+        s = tf.compat.v1.Session(servers[k].target, graph=graph, config=worker_config(k))
+        if k == 0:
+            s.run(global_step.initializer)
+        sessions.append((s, tick))
+    seen = []
+    in_threads(lambda k: seen.extend(sessions[k][0].run(sessions[k][1]) for _ in range(ticks)),
+               count)
+    assert_ticks_are_one_each(seen, count * ticks)
+
+
+def test_a_step_reads_the_clock_before_the_parameters():
+    # so that every update the clock counted at the pull is in the parameters the step read
+    cluster, _ = in_process_cluster()
+    with tf.Graph().as_default():
+        ops = hogwild.build_hogwild(flags(hogwild), cluster, *fixed_batch())
+        handles = {theta.handle.name for theta in ops.global_params.values()}
+        reads, frontier, done = [], [ops.loss.op], set()
+        while frontier:  # the loss's inputs, back to the reads of the parameters
+            op = frontier.pop()
+            if op.name in done:
+                continue
+            done.add(op.name)
+            if op.type == "ReadVariableOp" and op.inputs[0].name in handles:
+                reads.append(op)
+            frontier.extend(t.op for t in op.inputs)
+        assert {r.inputs[0].name for r in reads} == handles
+        for r in reads:
+            assert ops.pulled_at.op in r.control_inputs, r.name
+
+
 @pytest.fixture(scope="module")
 def default_run(tmp_path_factory):
     """One run with the defaults (1 ps + 2 workers), shared by the tests that read it."""
     return run_with_defaults("Hogwild", tmp_path_factory)
+
+
+def test_hogwild_chief_evaluates_the_global_parameters(default_run):
+    assert_the_chief_evaluated_what_it_checkpointed(default_run, "Hogwild")
 
 
 def test_hogwild_reaches_the_accuracy_bar_with_its_defaults(default_run):

@@ -3,9 +3,15 @@ import os
 import subprocess
 import sys
 
-from conftest import (ACCURACY_BAR, assert_a_backup_worker_covers_a_lost_one,
-                      assert_a_lost_worker_stops_the_rounds, assert_nothing_left, error_lines,
-                      example_dir, free_port, run_train)
+import numpy as np
+
+from conftest import (ACCURACY_BAR, all_at_once, assert_a_backup_worker_covers_a_lost_one,
+                      assert_a_lost_worker_stops_the_rounds, assert_nothing_left,
+                      assert_the_chief_evaluated_what_it_checkpointed, error_lines, example_dir,
+                      flags, free_port, gradient_reference, load_train_module, run_train,
+                      sync_workers, values)
+
+sync_sgd = load_train_module("Sync-SGD")
 
 
 def local_steps(summary):
@@ -23,6 +29,22 @@ def dropped_gradients(summary):
     return pushed - int(summary["updates"]) * int(summary["replicas_to_aggregate"])
 
 
+def test_a_step_applies_n_times_the_learning_rate_times_the_mean_gradient():
+    # two workers, each its own fixed batch, one synchronous step: the linear scaling rule,
+    # global_params - (N * learning_rate) * (g_0 + g_1) / N, with N = 2
+    ops, sessions = sync_workers(sync_sgd.build_sync_sgd, [
+        flags(sync_sgd, "--task_index", str(k), "--learning_rate", "0.1") for k in (0, 1)])
+    before = values(sessions[0], ops[0].global_params)
+    gradients = [gradient_reference(sync_sgd, before, seed=k) for k in (0, 1)]
+    all_at_once(sessions, [o.train_op for o in ops])
+    assert sessions[0].run(ops[0].global_step) == 1
+    for name, value in values(sessions[0], ops[0].global_params).items():
+        mean = (gradients[0][name] + gradients[1][name]) / 2
+        assert np.abs(mean).max() > 1e-4, name
+        np.testing.assert_allclose(value, before[name] - 2 * 0.1 * mean, rtol=1e-4, atol=1e-6,
+                                   err_msg=name)
+
+
 def test_sync_sgd_reaches_the_bar_with_every_worker_in_every_step_and_exits_promptly(
         run_example):
     run = run_example("Sync-SGD", timeout=240)
@@ -34,6 +56,7 @@ def test_sync_sgd_reaches_the_bar_with_every_worker_in_every_step_and_exits_prom
     for steps in local_steps(summary):  # each worker pushed one gradient in every step
         assert abs(steps - global_step) <= 1, summary
     assert dropped_gradients(summary) == 0
+    assert_the_chief_evaluated_what_it_checkpointed(run, "Sync-SGD")
     # all processes are gone within seconds of the last step, not after a 2-minute grace
     last_step = max(run.first_time("[worker1] done"), run.first_time("[worker0] summary"))
     assert run.first_time("[run.sh] all processes finished") - last_step < 15

@@ -1,0 +1,135 @@
+"""Deliberate errors in the update rules, and the tests that catch them.
+
+Each mutation below changes one line of an example's train.py in place, runs the tests that
+should notice, and puts the file back (also on an error or Ctrl-C). The output is a table:
+the mutation and the tests that failed with it; a mutation no test catches is a gap in the
+tests, and makes the script exit 1. pytest does not collect this file (it is not test_*.py).
+
+    python tests/mutations.py              # every mutation (about 10 minutes on 2 cores)
+    python tests/mutations.py dynsgd nesterov   # only those whose name contains a word
+"""
+import collections
+import os
+import re
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# the tests that start run.sh take half a minute each: the op-by-op tests are the ones to run
+END_TO_END = ("reaches or pushes_once or exchanges_once or killed or about_one_push_old or "
+              "counts_the_pushes_of_others_between_a_pull or final_global_step or "
+              "staleness_is_zero or chief_evaluates or centre_not_its_own_copy")
+OP_BY_OP = "not (%s)" % END_TO_END
+
+Mutation = collections.namedtuple("Mutation", "name path old new tests select")
+
+MUTATIONS = [
+    Mutation("EASGD: alpha's sign flipped (the worker moves away from the centre)",
+             "EASGD/train.py", "p.assign_sub(args.alpha * d, read_value=False)",
+             "p.assign_sub(-args.alpha * d, read_value=False)", "tests/test_easgd.py", OP_BY_OP),
+    Mutation("AEASGD: alpha's sign flipped", "AEASGD/train.py",
+             "elastic = [args.alpha * (", "elastic = [-args.alpha * (",
+             "tests/test_aeasgd.py", OP_BY_OP),
+    Mutation("EAMSGD: alpha's sign flipped", "EAMSGD/train.py",
+             "elastic = [args.alpha * (", "elastic = [-args.alpha * (",
+             "tests/test_eamsgd.py", OP_BY_OP),
+    Mutation("EASGD: beta = alpha instead of N * alpha", "EASGD/train.py",
+             "GradientDescentOptimizer(args.alpha * n)", "GradientDescentOptimizer(args.alpha)",
+             "tests/test_easgd.py", OP_BY_OP),
+    Mutation("AEASGD: centre.assign(elastic) for assign_add", "AEASGD/train.py",
+             "c.assign_add(e, read_value=False)", "c.assign(e, read_value=False)",
+             "tests/test_aeasgd.py", OP_BY_OP),
+    Mutation("AEASGD: centre.assign(centre + elastic), a read-modify-write", "AEASGD/train.py",
+             "c.assign_add(e, read_value=False)", "c.assign(c.read_value() + e, read_value=False)",
+             "tests/test_aeasgd.py", OP_BY_OP),
+    Mutation("DynSGD: scale 1 / (s + 2)", "DynSGD/train.py",
+             "scale = 1.0 / tf.cast(staleness + 1, tf.float32)",
+             "scale = 1.0 / tf.cast(staleness + 2, tf.float32)", "tests/test_dynsgd.py", OP_BY_OP),
+    Mutation("DynSGD: a push without the lock", "DynSGD/train.py",
+             "push = one_at_a_time.execute(push_on_the_ps, exclusive_resource_access=False)",
+             "push = push_on_the_ps()", "tests/test_dynsgd.py", OP_BY_OP),
+    Mutation("DynSGD: the pull stops copying the parameters", "DynSGD/train.py",
+             "for copy in (local_params, pulled_params) for n in values])",
+             "for copy in () for n in values])", "tests/test_dynsgd.py", OP_BY_OP),
+    Mutation("DOWNPOUR: pushes the mean of the gradients, not the sum", "DOWNPOUR/train.py",
+             "[(a.read_value(), p) for a, p in", "[(a.read_value() / args.window, p) for a, p in",
+             "tests/test_downpour.py", OP_BY_OP),
+    Mutation("ADAG: pushes the sum of the changes, not the mean", "ADAG/train.py",
+             "(local_params[n] - pulled_params[n]) / args.window for n in start]",
+             "(local_params[n] - pulled_params[n]) for n in start]", "tests/test_adag.py",
+             OP_BY_OP),
+    Mutation("Sync-SGD: learning rate without x N", "Sync-SGD/train.py",
+             "GradientDescentOptimizer(args.learning_rate * replicas_to_aggregate)",
+             "GradientDescentOptimizer(args.learning_rate)", "tests/test_sync_sgd.py",
+             "n_times_the_learning_rate"),
+    Mutation("MultiWorkerMirroredStrategy: learning rate without x N",
+             "MultiWorkerMirroredStrategy/train.py",
+             "learning_rate = args.learning_rate * strategy.num_replicas_in_sync",
+             "learning_rate = args.learning_rate", "tests/test_multi_worker_mirrored_strategy.py",
+             "n_times_the_learning_rate"),
+    Mutation("DiLoCo: outer gradient with the wrong sign", "DiLoCo/train.py",
+             "outer_gradients = [start[n] - p for", "outer_gradients = [p - start[n] for",
+             "tests/test_diloco.py", OP_BY_OP),
+    Mutation("DiLoCo: Nesterov off (plain momentum on the ps)", "DiLoCo/train.py",
+             "use_nesterov=True", "use_nesterov=False", "tests/test_diloco.py", OP_BY_OP),
+    Mutation("EAMSGD: Nesterov off (gradient at the parameters, no look-ahead)", "EAMSGD/train.py",
+             "ahead = {name: p + args.momentum * velocity[name]",
+             "ahead = {name: p + 0 * velocity[name]", "tests/test_eamsgd.py", OP_BY_OP),
+    Mutation("Hogwild: the clock read at the pull not ordered before the parameters",
+             "Hogwild/train.py", "with tf.control_dependencies([pulled_at]):",
+             "with tf.control_dependencies([]):", "tests/test_hogwild.py", "reads_the_clock"),
+    Mutation("AEASGD: the chief evaluates its local copy, not the centre", "AEASGD/train.py",
+             "TrainingLog(args, cluster, aeasgd.centre,", "TrainingLog(args, cluster, "
+             "aeasgd.local_params,", "tests/test_aeasgd.py", "centre_not_its_own_copy"),
+    Mutation("EAMSGD: the chief evaluates its local copy, not the centre", "EAMSGD/train.py",
+             "TrainingLog(args, cluster, eamsgd.centre,", "TrainingLog(args, cluster, "
+             "eamsgd.local_params,", "tests/test_eamsgd.py", "centre_not_its_own_copy"),
+    Mutation("EASGD: the chief evaluates its local copy, not the centre", "EASGD/train.py",
+             "TrainingLog(args, cluster, easgd.centre,", "TrainingLog(args, cluster, "
+             "easgd.local_params,", "tests/test_easgd.py", "centre_not_its_own_copy"),
+]
+
+
+def failing_tests(mutation):
+    """Apply the mutation, run its tests, put the file back; the names of the tests that failed."""
+    path = os.path.join(ROOT, mutation.path)
+    with open(path) as f:
+        original = f.read()
+    if original.count(mutation.old) != 1:
+        sys.exit("%s: the line to change is not in %s exactly once: update MUTATIONS"
+                 % (mutation.name, mutation.path))
+    try:
+        with open(path, "w") as f:
+            f.write(original.replace(mutation.old, mutation.new))
+        run = subprocess.run([sys.executable, "-m", "pytest", mutation.tests, "-q",
+                              "-p", "no:cacheprovider", "-k", mutation.select],
+                             cwd=ROOT, capture_output=True, text=True, timeout=1200)
+    finally:
+        with open(path, "w") as f:
+            f.write(original)
+    failed = re.findall(r"^(?:FAILED|ERROR) \S+::(\S+)", run.stdout, re.M)
+    if not failed and run.returncode not in (0, 1):  # no test ran, or pytest itself failed
+        failed = ["(pytest exit %d: %s)" % (run.returncode, run.stdout.strip().splitlines()[-1])]
+    return failed
+
+
+def main(words):
+    chosen = [m for m in MUTATIONS if not words or any(w.lower() in m.name.lower() for w in words)]
+    rows, survived = [], []
+    for mutation in chosen:
+        started = time.time()
+        failed = failing_tests(mutation)
+        print("%-66s %4.0f s  %s" % (mutation.name[:66], time.time() - started,
+                                     ", ".join(failed) or "SURVIVED"), flush=True)
+        rows.append((mutation.name, failed))
+        if not failed:
+            survived.append(mutation.name)
+    print("\n| mutation | failing tests |\n|---|---|")
+    for name, failed in rows:
+        print("| %s | %s |" % (name, "<br>".join(failed) or "**none: survived**"))
+    return 1 if survived else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

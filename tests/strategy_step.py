@@ -1,0 +1,101 @@
+"""One update of a TensorFlow 2 strategy example on a tiny known dataset, for the tests.
+
+    python strategy_step.py ParameterServerStrategy OUT.npz
+        a ps, a worker and the coordinator in this process (real gRPC servers); one scheduled
+        call of one step on the worker's whole shard
+    python strategy_step.py MultiWorkerMirroredStrategy OUT.npz TASK_INDEX PORT0,PORT1
+        one of two workers (start both): one synchronous step, each on its whole shard
+
+Writes the parameters before and after the update, and the dataset, to OUT.npz (the test
+computes what the update should have been, apart from the example). pytest does not collect
+this file; test_parameter_server_strategy.py and test_multi_worker_mirrored_strategy.py run it.
+"""
+import importlib.util
+import json
+import os
+import sys
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXAMPLES_PER_WORKER, FEATURES, HIDDEN, LEARNING_RATE = 16, 5, 8, 0.1
+
+
+def load(example):
+    spec = importlib.util.spec_from_file_location("train", os.path.join(ROOT, example,
+                                                                        "train.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def known_data(module, workers):
+    """Integer pixels 0..16 and labels, EXAMPLES_PER_WORKER for each worker: a batch a shard."""
+    rng = np.random.default_rng(7)
+    n = EXAMPLES_PER_WORKER * workers
+    return module.Dataset(rng.integers(0, 17, (n, FEATURES)).astype(np.uint8),
+                          rng.integers(0, 10, n).astype(np.int64),
+                          np.zeros((2, FEATURES), np.uint8), np.zeros(2, np.int64), 16)
+
+
+def values(params):
+    return {name: p.numpy() for name, p in params.items()}
+
+
+def save(path, data, before, after):
+    np.savez(path, x=data.x_train, y=data.y_train, pixel_max=data.pixel_max,
+             **{"before_" + n: v for n, v in before.items()},
+             **{"after_" + n: v for n, v in after.items()})
+
+
+def parameter_server_strategy(out):
+    ports = [int(p) for p in sys.argv[3].split(",")]  # ps, worker, chief
+    cluster = {"ps": ["localhost:%d" % ports[0]], "worker": ["localhost:%d" % ports[1]],
+               "chief": ["localhost:%d" % ports[2]]}
+    os.environ["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": {"type": "chief",
+                                                                      "index": 0}})
+    import tensorflow as tf
+    tf.config.threading.set_inter_op_parallelism_threads(4)  # servers and coordinator: 2 cores
+    spec = tf.train.ClusterSpec(cluster)
+    for job in ("ps", "worker"):
+        tf.distribute.Server(spec, job_name=job, task_index=0, protocol="grpc", start=True)
+    module = load("ParameterServerStrategy")
+    module.tf = tf
+    args = module.parse_flags(["--hidden", str(HIDDEN), "--learning_rate", str(LEARNING_RATE),
+                               "--batch_size", str(EXAMPLES_PER_WORKER), "--steps_per_call", "1",
+                               "--ps_hosts", cluster["ps"][0], "--worker_hosts",
+                               cluster["worker"][0], "--chief_host", cluster["chief"][0]],
+                              module.example_flags)
+    data = known_data(module, 1)
+    pss = module.build_pss(args, cluster, data)
+    before = values(pss.params)
+    pss.coordinator.schedule(pss.train_steps, args=(pss.iterator,))
+    pss.coordinator.join()
+    save(out, data, before, values(pss.params))
+
+
+def multi_worker_mirrored_strategy(out):
+    task, ports = int(sys.argv[3]), sys.argv[4].split(",")
+    cluster = {"worker": ["localhost:%s" % p for p in ports]}
+    os.environ["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": {"type": "worker",
+                                                                      "index": task}})
+    import tensorflow as tf
+    module = load("MultiWorkerMirroredStrategy")
+    module.tf = tf
+    args = module.parse_flags(["--hidden", str(HIDDEN), "--learning_rate", str(LEARNING_RATE),
+                               "--batch_size", str(EXAMPLES_PER_WORKER), "--worker_hosts",
+                               ",".join(cluster["worker"]), "--task_index", str(task)],
+                              module.example_flags)
+    data = known_data(module, len(ports))
+    mirrored = module.build_mirrored(args, cluster, data)
+    before = values(mirrored.params)
+    mirrored.train_step(mirrored.iterator)
+    save(out, data, before, values(mirrored.params))
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    {"ParameterServerStrategy": parameter_server_strategy,
+     "MultiWorkerMirroredStrategy": multi_worker_mirrored_strategy}[sys.argv[1]](sys.argv[2])
+    sys.stdout.flush()
+    os._exit(0)  # the in-process servers would keep the process alive
