@@ -164,7 +164,8 @@ def train(args, cluster):
     mirrored = build_mirrored(args, cluster, data)
     log = Tf2Log(args, cluster, mirrored.params, data, tf.train.Checkpoint(
         global_step=mirrored.global_step, **mirrored.params), is_chief=args.task_index == 0)
-    last_step = math.ceil(args.steps / workers)  # --steps counts the mini-batches of all workers
+    replicas = mirrored.strategy.num_replicas_in_sync  # a mini-batch each in every step
+    last_step = math.ceil(args.steps / replicas)  # --steps counts the mini-batches of all workers
     for step in range(log.start_step + 1, last_step + 1):
         loss = mirrored.train_step(mirrored.iterator)
         if step % args.log_every == 0 or step == last_step:
@@ -172,8 +173,8 @@ def train(args, cluster):
     checksum = sum(float(tf.reduce_sum(p)) for p in mirrored.params.values())
     print("[worker%d] done: parameters checksum=%.9g" % (args.task_index, checksum), flush=True)
     steps = int(mirrored.global_step.numpy())
-    return log.end(steps, [steps] * workers, minibatches_per_update=workers,
-                   learning_rate_eff=args.learning_rate * workers)
+    return log.end(steps, [steps] * workers, minibatches_per_update=replicas,
+                   learning_rate_eff=args.learning_rate * replicas)
 
 
 def main(argv=None):
