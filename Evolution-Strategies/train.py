@@ -34,7 +34,7 @@ Use your own model: edit the sections marked "(replace with your own)", Data and
 Reference
     T. Salimans, J. Ho, X. Chen, S. Sidor, I. Sutskever, "Evolution Strategies as a Scalable
     Alternative to Reinforcement Learning", arXiv:1703.03864, 2017: Algorithm 2 (shared seeds),
-    with the antithetic sampling and the centred ranks of its section 2.1.
+    with the paper's antithetic (mirrored) sampling and fitness shaping by centred ranks.
 """
 import argparse
 import collections
@@ -134,10 +134,11 @@ EvolutionStrategies = collections.namedtuple(
 
 def build_evolution_strategies(args, cluster, new_params, fitness):
     """This worker's ops, for the model new_params() makes and its fitness(params) (a scalar).
-    publish: its pairs of its generation onto the ps (then, but for the chief, its arrival);
-    next_arrival: the chief's wait for one; update: the next list applied to theta (the chief's
-    first makes the list for everyone), valued (next generation, pairs used, lists waiting);
-    send_start, receive_start: the chief's theta to the others, once."""
+    publish       its pairs of its generation onto the ps, then (but the chief's) its arrival
+    next_arrival  the chief's: the next arrival of another worker, waiting for it
+    update        the next list applied to theta: (next generation, pairs used, lists waiting);
+                  the chief's first makes that list, for every worker
+    send_start, receive_start    the chief's theta to the others, once"""
     workers, k, pairs_each = len(cluster["worker"]), args.task_index, args.population // 2
     n, worker, ps = workers * pairs_each, "/job:worker/task:%d" % k, "/job:ps/task:0"
     with tf.compat.v1.device(worker):
@@ -185,7 +186,7 @@ def build_evolution_strategies(args, cluster, new_params, fitness):
                               theta)
         twice_n = tf.cast(2 * tf.shape(counted)[0], tf.float32)
         gradient_estimate = {m: s / (twice_n * args.sigma) for m, s in sums.items()}
-        adam = tf.compat.v1.train.AdamOptimizer(args.learning_rate)  # ascent: minus g_hat
+        adam = tf.compat.v1.train.AdamOptimizer(args.learning_rate)  # it descends: -g_hat
         step = adam.apply_gradients([(-gradient_estimate[m], theta[m]) for m in theta])
         move_to_local_variables(adam.variables())  # its moments: equal on every worker
         with tf.control_dependencies([step, g.assign(listed_g + 1)]):
@@ -266,8 +267,7 @@ def worker_variables(prefix, like, initial_value):
 
 # --- The training loop ----------------------------------------------------------------------------
 def train(args, cluster, server):
-    data = load_dataset(args.data_path)
-    workers = len(cluster["worker"])
+    data, workers = load_dataset(args.data_path), len(cluster["worker"])
     x, y = training_batches(data, args.batch_size, args.task_index, workers,
                             args.seed)  # no device given: the pipeline runs on this worker
     es = build_evolution_strategies(
