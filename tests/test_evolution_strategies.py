@@ -208,6 +208,20 @@ def test_the_digits_reach_the_bar_with_identical_copies_and_every_process_exits(
     assert float(summary["steps_per_sec"]) * 60 >= 2000, summary
 
 
+def test_a_rerun_resumes_from_the_chiefs_checkpoint_with_every_copy_alike(run_example, tmp_path):
+    log_dir = str(tmp_path / "resume")
+    first = run_example(EXAMPLE, "--steps", "200", log_dir=log_dir)
+    assert first.code == 0 and first.summary()["global_step"] == "100", first.output[-3000:]
+    second = run_example(EXAMPLE, "--steps", "400", log_dir=log_dir)
+    assert second.code == 0, second.output[-3000:]
+    assert "resuming from the checkpoint at global step 100" in second.output
+    summary = second.summary()
+    assert summary["global_step"] == "200" and summary["local_steps"] == "100,100", summary
+    # the chief's restored theta reached the other worker: the copies end alike
+    assert len(set(checksums(second).values())) == 1, checksums(second)
+    assert float(summary["test_accuracy"]) > float(first.summary()["test_accuracy"]) - 0.05
+
+
 def test_a_killed_worker_costs_one_bounded_wait_and_the_chief_trains_on(tmp_path):
     summary = assert_a_killed_worker_does_not_hang_the_others(EXAMPLE, tmp_path,
                                                               min_global_step=1500)
