@@ -129,7 +129,7 @@ def model_loss_and_accuracy(params, x, y):
 # --- The algorithm --------------------------------------------------------------------------------
 EvolutionStrategies = collections.namedtuple(
     "EvolutionStrategies", "theta global_step table publish next_arrival update "
-    "gradient_estimate send_start receive_start")
+    "late_arrivals gradient_estimate send_start receive_start")
 
 
 def build_evolution_strategies(args, cluster, new_params, fitness):
@@ -137,7 +137,8 @@ def build_evolution_strategies(args, cluster, new_params, fitness):
     publish       its pairs of its generation onto the ps, then (but the chief's) its arrival
     next_arrival  the chief's: the next arrival of another worker, waiting for it
     update        the next list applied to theta: (next generation, pairs used, lists waiting);
-                  the chief's first makes that list, for every worker
+                  the chief's first makes that list, for every worker, and then late_arrivals
+                  takes the arrivals it did not wait for
     send_start, receive_start    the chief's theta to the others, once"""
     workers, k, pairs_each = len(cluster["worker"]), args.task_index, args.population // 2
     n, worker, ps = workers * pairs_each, "/job:worker/task:%d" % k, "/job:ps/task:0"
@@ -171,11 +172,13 @@ def build_evolution_strategies(args, cluster, new_params, fitness):
         publish = tf.identity(loss, name="publish")
 
     with tf.compat.v1.device(ps):  # update: the same list for generation g on every worker
-        made = []
+        made, late_arrivals = [], None
         if k == 0:  # the chief makes it, for everyone, from one read of the table
             closing, snapshot = global_step.read_value(), table.read_value()
             with tf.control_dependencies([q.enqueue([closing, snapshot]) for q in lists]):
                 made = [global_step.assign_add(1)]
+            with tf.control_dependencies(made):
+                late_arrivals = arrivals.dequeue_many(arrivals.size())
         with tf.control_dependencies(made):
             listed_g, listed = lists[k].dequeue()
     with tf.compat.v1.device(worker):
@@ -201,7 +204,7 @@ def build_evolution_strategies(args, cluster, new_params, fitness):
     with tf.compat.v1.device(worker):
         receive_start = tf.group([theta[m].assign(v) for m, v in started.items()])
     return EvolutionStrategies(theta, global_step, table, publish, next_arrival, update,
-                               gradient_estimate, send_start, receive_start)
+                               late_arrivals, gradient_estimate, send_start, receive_start)
 
 
 def noise(generation, j, like):
@@ -284,9 +287,9 @@ def train(args, cluster, server):
     while generation < int(np.ceil(args.steps / workers)):  # a mini-batch per worker a generation
         if args.task_index == 0:  # its pairs, a bounded wait for the others', the list for all
             loss = session.run(es.publish)
-            expected, missing = wait_for_pairs(session, es, args, generation, expected)
+            (generation, _, waiting), expected, missing = close_generation(
+                session, es, args, generation, expected)
             short += bool(missing)
-            generation, _, waiting = session.run(es.update)  # the chief's update makes the list
         elif behind:  # its generation is closed already: its pairs would be left out
             generation, _, waiting = wait_for_list(session, es.update, args, role)
         else:  # its pairs, and the update that waits for the chief's list: one round trip
@@ -300,10 +303,11 @@ def train(args, cluster, server):
                    sigma=args.sigma, short_generations=short)
 
 
-def wait_for_pairs(session, es, args, generation, expected):
-    """The chief: wait for this generation's arrivals from the other workers expected, at most
-    --generation_timeout; the list then holds the pairs on the ps at that moment, whoever's.
-    Returns the workers to expect next time (those heard from) and the expected ones missing."""
+def close_generation(session, es, args, generation, expected):
+    """The chief: wait for this generation's pairs from the workers expected, at most
+    --generation_timeout; then its update makes the list (the pairs on the ps at that moment,
+    whoever's) and applies it. Returns the update's values, the workers to expect next time
+    (all heard from, late or not: a worker back is waited for again) and the ones missing."""
     heard, on_time, deadline = set(), set(), time.time() + args.generation_timeout
     while not expected <= on_time and time.time() < deadline:
         try:
@@ -314,7 +318,8 @@ def wait_for_pairs(session, es, args, generation, expected):
         heard.add(int(worker))
         if arrived == generation:
             on_time.add(int(worker))
-    return heard, expected - on_time
+    update, late = session.run([es.update, es.late_arrivals])
+    return update, heard | {int(worker) for _, worker in late}, expected - on_time
 
 
 def wait_for_list(session, fetches, args, role):

@@ -21,7 +21,7 @@ BANNER = "# Plumbing shared by every example (identical text; you need not read 
 # Evolution-Strategies': it builds its own exchange (the pairs on the ps, the chief's list, the
 # one-time start) where the others lean on an optimizer or SyncReplicasOptimizer.
 PLUMBING_LINES = 250
-TOTAL_LINES = {"DiLoCo": 474, "Evolution-Strategies": 600}
+TOTAL_LINES = {"DiLoCo": 474, "Evolution-Strategies": 605}
 SECTIONS = ["# --- Data (replace with your own) ", "# --- Model (replace with your own) ",
             "# --- The algorithm ", "# --- The training loop ", "\ndef main(", BANNER]
 

@@ -57,20 +57,22 @@ def timeout(seconds):
     return tf.compat.v1.RunOptions(timeout_in_ms=int(seconds * 1000))
 
 
-def one_generation(module, args, workers, publishing=None, fetch_estimate=False):
+def one_generation(module, args, workers, publishing=None, fetch_estimate=False, expected=None):
     """Publish (the workers in publishing, default all), let the chief wait for the others'
-    pairs and make the list as train() does, then every worker applies it. Returns the
-    chief's (expected, missing) and each worker's update values (and gradient estimate)."""
+    pairs (those in expected, default all) and make the list as train() does, then every other
+    worker applies it. Returns the chief's (expected next, missing) and every worker's update
+    values (the others' with their gradient estimate if asked)."""
     publishing = range(len(workers)) if publishing is None else publishing
+    expected = set(range(1, len(workers))) if expected is None else expected
     for k in publishing:
         workers[k][1].run(workers[k][0].publish)
     es0, chief = workers[0]
-    waited = module.wait_for_pairs(chief, es0, args, int(chief.run(es0.global_step)),
-                                   set(range(1, len(workers))))
+    update, expected, missing = module.close_generation(
+        chief, es0, args, int(chief.run(es0.global_step)), expected)
     fetches = [(es.update, es.gradient_estimate) if fetch_estimate else es.update
-               for es, _ in workers]
-    return waited, [session.run(f, options=timeout(30))
-                    for (_, session), f in zip(workers, fetches)]
+               for es, _ in workers[1:]]
+    return (expected, missing), [update] + [session.run(f, options=timeout(30))
+                                            for (_, session), f in zip(workers[1:], fetches)]
 
 
 def values(update):
@@ -167,11 +169,12 @@ def test_a_late_worker_is_waited_for_a_bounded_time_and_every_copy_leaves_its_pa
     assert [values(u)[1] for u in updates] == [2, 2]  # the chief's 2 pairs only, on both workers
     assert theta_of(es0, chief).tobytes() == theta_of(es1, other).tobytes()
 
-    # it is back: not waited for, but its pairs count when they are in before the list is made
+    # it is back: not waited for, but its pairs count when they are in before the list is made,
+    # and the chief, having heard from it, waits for it again from the next generation on
     started = time.time()
-    (expected, missing), updates = one_generation(module, args, workers)
+    (expected, missing), updates = one_generation(module, args, workers, expected=expected)
     assert time.time() - started < 1.0
-    assert [values(u)[1] for u in updates] == [4, 4]
+    assert [values(u)[1] for u in updates] == [4, 4] and expected == {1} and missing == set()
     assert theta_of(es0, chief).tobytes() == theta_of(es1, other).tobytes()
 
 
