@@ -1,0 +1,705 @@
+"""Evolution-Strategies: a population of perturbed models, and only seeds and fitness on the wire.
+
+What it teaches
+    Distributed optimisation without gradients, and without parameters on the network. Every
+    worker keeps its own copy of theta, all equal. Each generation it tries perturbed models
+    theta +- sigma*eps_j (antithetic pairs) on one mini-batch, and publishes on the ps only the
+    seed and the two fitness values of each pair (fitness: minus the mini-batch cross-entropy).
+    eps_j is drawn by a stateless random op from the seed (generation, j), so every worker
+    rebuilds every other worker's eps_j bit for bit, applies the same update to its copy from
+    the same list of pairs, and the copies stay identical: the paper's shared seeds. A
+    generation is synchronous: the chief waits for the others' pairs, at most
+    --generation_timeout, then makes one list for all; late pairs are left out by everyone.
+
+The update rule (generation g; P = --population per worker; n pairs in the list)
+    worker k, for each of its P/2 pairs j (global indices k*P/2 ... k*P/2 + P/2 - 1):
+        eps_j      <- stateless_normal(seed=(g, j))                  # as big as theta
+        F_j+, F_j- <- -loss(theta +- sigma*eps_j; k's next mini-batch)
+        publish (g, j, F_j+, F_j-) on the ps                         # no gradient, no theta
+    every worker, from the chief's list of the pairs of g:
+        u     <- centred ranks of the 2n fitness values, in [-0.5, 0.5]    (fitness shaping)
+        g_hat <- 1/(2n sigma) * sum_j (u_j+ - u_j-) * eps_j                 (eps_j rebuilt)
+        theta <- theta + Adam's step along g_hat    (tf.compat.v1.train.AdamOptimizer)
+    that is theta += lr/(N sigma) * sum_i F_i eps_i over the N = 2n perturbed models, with
+    rank-shaped F, and Adam's step for the plain one.
+
+Run it
+    bash run.sh                                        # 1 ps + 2 workers: 50 pairs a generation
+    NUM_WORKERS=4 bash run.sh --population 26 --sigma 0.1
+    By hand or with TF_CONFIG: as in ../Distributed-Setup. --steps counts the mini-batches of
+    all workers, one per worker and generation: training stops after steps/workers generations.
+
+Use your own model: edit the sections marked "(replace with your own)", Data and Model.
+
+Reference
+    T. Salimans, J. Ho, X. Chen, S. Sidor, I. Sutskever, "Evolution Strategies as a Scalable
+    Alternative to Reinforcement Learning", arXiv:1703.03864, 2017: Algorithm 2 (shared seeds),
+    with the paper's antithetic (mirrored) sampling and fitness shaping by centred ranks.
+"""
+import argparse
+import collections
+import json
+import os
+import socket
+import sys
+import time
+
+import numpy as np
+
+tf = None  # loaded once the flags are checked: bad input fails in one line, at once
+EXAMPLE = "Evolution-Strategies"
+JOBS = ("ps", "worker")  # the jobs of its cluster; deploy/ and the tests read them here
+
+
+def example_flags(parser):
+    parser.set_defaults(learning_rate=0.01)  # Adam's: each step moves a parameter by about lr
+    parser.add_argument("--population", type=int, default=50,
+                        help="perturbed models per worker and generation, in antithetic pairs "
+                             "(an even number)")
+    parser.add_argument("--sigma", type=float, default=0.05,
+                        help="standard deviation of the perturbations")
+    parser.add_argument("--generation_timeout", type=float, default=10,
+                        help="seconds the chief waits for a worker's pairs before it closes a "
+                             "generation without them")
+
+
+# --- Data (replace with your own) -----------------------------------------------------------------
+# >>> shared: data
+Dataset = collections.namedtuple("Dataset", "x_train y_train x_test y_test pixel_max")
+
+
+def load_dataset(data_path=""):
+    """Flat integer pixels and integer labels, to train and to test: by default scikit-learn's
+    1797 handwritten 8x8 digits (offline; a fixed fifth to test), or the arrays of mnist.npz."""
+    if data_path:
+        try:
+            with np.load(data_path) as f:
+                x_train, y_train, x_test, y_test = (f[k] for k in ("x_train", "y_train",
+                                                                   "x_test", "y_test"))
+        except (OSError, KeyError, ValueError) as e:  # missing, unreadable, or a key missing
+            fail("cannot load %s (%s): give an .npz with x_train, y_train, x_test and y_test"
+                 % (data_path, str(e).splitlines()[0]))
+    else:
+        from sklearn.datasets import load_digits
+        from sklearn.model_selection import train_test_split
+        x, y = load_digits(return_X_y=True)
+        x_train, x_test, y_train, y_test = train_test_split(x, y, test_size=0.2, random_state=0,
+                                                            stratify=y)
+    flat = lambda x: x.reshape(len(x), -1).astype(np.uint8)
+    return Dataset(flat(x_train), y_train.astype(np.int64), flat(x_test), y_test.astype(np.int64),
+                   pixel_max=max(int(x_train.max()), 1))
+
+
+def scale(pixels, pixel_max):
+    return tf.cast(pixels, tf.float32) / float(pixel_max)
+
+
+def training_dataset(data, batch_size, worker_index, num_workers, seed):
+    """This worker's endless stream of mini-batches: its own shard of the training set (no two
+    workers share an example), reshuffled every epoch."""
+    ds = tf.data.Dataset.from_tensor_slices((data.x_train, data.y_train))
+    ds = ds.shard(num_workers, worker_index)
+    ds = ds.shuffle(len(data.x_train) // num_workers + 1, seed=seed * 1000 + worker_index)
+    ds = ds.repeat().batch(batch_size, drop_remainder=True)
+    return ds.map(lambda x, y: (scale(x, data.pixel_max), y)).prefetch(2)
+
+# <<< shared: data
+
+
+# >>> shared: graph batches
+def training_batches(data, batch_size, worker_index, num_workers, seed):
+    """The next mini-batch of training_dataset, as tensors of the graph (no feed_dict)."""
+    ds = training_dataset(data, batch_size, worker_index, num_workers, seed)
+    return tf.compat.v1.data.make_one_shot_iterator(ds).get_next()
+# <<< shared: graph batches
+
+
+# --- Model (replace with your own) ----------------------------------------------------------------
+# >>> shared: model
+def model_params(num_features, hidden, seed, num_classes=10):
+    """The MLP's variables, created under the current device scope (the ps, in the examples)."""
+    glorot = lambda i: tf.compat.v1.glorot_uniform_initializer(seed=seed * 10 + i)
+    zeros = tf.compat.v1.zeros_initializer()
+    return {"w1": tf.compat.v1.get_variable("w1", [num_features, hidden], initializer=glorot(1)),
+            "b1": tf.compat.v1.get_variable("b1", [hidden], initializer=zeros),
+            "w2": tf.compat.v1.get_variable("w2", [hidden, num_classes], initializer=glorot(2)),
+            "b2": tf.compat.v1.get_variable("b2", [num_classes], initializer=zeros)}
+
+
+def model_loss_and_accuracy(params, x, y):
+    hidden = tf.nn.relu(tf.matmul(x, params["w1"]) + params["b1"])
+    logits = tf.matmul(hidden, params["w2"]) + params["b2"]
+    loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
+    accuracy = tf.reduce_mean(tf.cast(tf.equal(tf.argmax(logits, 1), y), tf.float32))
+    return loss, accuracy
+# <<< shared: model
+
+
+# --- The algorithm --------------------------------------------------------------------------------
+EvolutionStrategies = collections.namedtuple(
+    "EvolutionStrategies", "theta global_step table publish next_arrival update "
+    "late_arrivals gradient_estimate send_start receive_start")
+
+
+def build_evolution_strategies(args, cluster, new_params, fitness):
+    """This worker's ops, for the model new_params() makes and its fitness(params) (a scalar).
+    publish       its pairs of its generation onto the ps, then (but the chief's) its arrival
+    next_arrival  the chief's: the next arrival of another worker, waiting for it
+    update        the next list applied to theta: (next generation, pairs used, lists waiting);
+                  the chief's first makes that list, for every worker, and then late_arrivals
+                  takes the arrivals it did not wait for
+    send_start, receive_start    the chief's theta to the others, once"""
+    workers, k, pairs_each = len(cluster["worker"]), args.task_index, args.population // 2
+    n, worker, ps = workers * pairs_each, "/job:worker/task:%d" % k, "/job:ps/task:0"
+    with tf.compat.v1.device(worker):
+        theta = new_params()  # this worker's copy; the chief's is checkpointed and evaluated
+        if k > 0:  # the others' are local variables: each worker initialises its own
+            move_to_local_variables(theta.values())
+    with tf.compat.v1.device(ps):  # the meeting point: seeds and fitness values only
+        global_step = tf.compat.v1.train.get_or_create_global_step()  # generations closed
+        table = tf.compat.v1.Variable(tf.fill([n, 4], -1.0), collections=[],
+                                      name="pairs")  # row j: (g, j, F_j+, F_j-), its latest
+        arrivals = tf.queue.FIFOQueue(-1, [tf.int64], [[2]], shared_name="arrivals")
+        lists = [tf.queue.FIFOQueue(-1, [tf.int64, tf.float32], [[], [n, 4]],
+                                    shared_name="list%d" % i) for i in range(workers)]
+        starts = [tf.queue.FIFOQueue(1, [p.dtype for p in theta.values()],
+                                     [p.shape for p in theta.values()], names=list(theta),
+                                     shared_name="start%d" % i) for i in range(workers)]
+
+    with tf.compat.v1.device(worker):  # publish: this worker's pairs of its generation g
+        g = worker_variables("es", {"generation": global_step}, lambda s: s.read_value())
+        g = g["generation"]  # the generation this worker's theta is at
+        own = tf.range(k * pairs_each, (k + 1) * pairs_each, dtype=tf.int64)  # j of its pairs
+        rows = tf.concat([tf.cast(tf.stack([tf.fill([pairs_each], g), own], 1), tf.float32),
+                          pair_fitnesses(fitness, theta, g, own, args.sigma)], axis=1)
+        loss = -fitness(theta)
+    with tf.compat.v1.device(ps), tf.control_dependencies([
+            tf.compat.v1.scatter_update(table, own, rows)]):  # the rows first, then the arrival
+        arrived = (arrivals.enqueue(tf.stack([g, tf.constant(k, tf.int64)])) if k > 0
+                   else tf.no_op())  # the chief knows when its own rows are in
+    with tf.compat.v1.device(worker), tf.control_dependencies([arrived]):
+        publish = tf.identity(loss, name="publish")
+
+    with tf.compat.v1.device(ps):  # update: the same list for generation g on every worker
+        made, late_arrivals = [], None
+        if k == 0:  # the chief makes it, for everyone, from one read of the table
+            closing, snapshot = global_step.read_value(), table.read_value()
+            with tf.control_dependencies([q.enqueue([closing, snapshot]) for q in lists]):
+                made = [global_step.assign_add(1)]
+            with tf.control_dependencies(made):
+                late_arrivals = arrivals.dequeue_many(arrivals.size())
+        with tf.control_dependencies(made):
+            listed_g, listed = lists[k].dequeue()
+    with tf.compat.v1.device(worker):
+        listed_g = tf.identity(listed_g)  # copied here, so the loop below runs here alone
+        counted = tf.boolean_mask(listed, tf.equal(listed[:, 0], tf.cast(listed_g, tf.float32)))
+        u = centred_ranks(counted[:, 2:])  # the pairs of g that had arrived; older rows drop out
+        sums = weighted_noise(listed_g, tf.cast(counted[:, 1], tf.int64), u[:, 0] - u[:, 1],
+                              theta)
+        twice_n = tf.cast(2 * tf.shape(counted)[0], tf.float32)
+        gradient_estimate = {m: s / (twice_n * args.sigma) for m, s in sums.items()}
+        adam = tf.compat.v1.train.AdamOptimizer(args.learning_rate)  # it descends: -g_hat
+        step = adam.apply_gradients([(-gradient_estimate[m], theta[m]) for m in theta])
+        move_to_local_variables(adam.variables())  # its moments: equal on every worker
+        with tf.control_dependencies([step, g.assign(listed_g + 1)]):
+            next_g, used = tf.identity(listed_g + 1), tf.shape(counted)[0]
+    with tf.compat.v1.device(ps), tf.control_dependencies([next_g]):
+        update = [next_g, used, lists[k].size()]  # a list already waiting: this worker is behind
+
+    with tf.compat.v1.device(ps):  # the one-time start
+        next_arrival, started = arrivals.dequeue(), starts[k].dequeue()
+        with tf.control_dependencies([table.initializer]):  # ready before anyone publishes
+            send_start = tf.group([q.enqueue(dict(theta)) for q in starts[1:]])
+    with tf.compat.v1.device(worker):
+        receive_start = tf.group([theta[m].assign(v) for m, v in started.items()])
+    return EvolutionStrategies(theta, global_step, table, publish, next_arrival, update,
+                               late_arrivals, gradient_estimate, send_start, receive_start)
+
+
+def noise(generation, j, like):
+    """eps_j of a generation, one flat vector the size of the parameters, from the seed
+    (generation, j) alone: a stateless op draws the same numbers on any worker (philox pinned,
+    so that a GPU would too)."""
+    size = sum(p.shape.num_elements() for p in like.values())
+    return tf.random.stateless_normal([size], seed=tf.stack([generation, j]), alg="philox")
+
+
+def shaped_like(flat, like):
+    parts = tf.split(flat, [p.shape.num_elements() for p in like.values()])
+    return {m: tf.reshape(part, p.shape) for (m, p), part in zip(like.items(), parts)}
+
+
+def pair_fitnesses(fitness, theta, generation, own, sigma):
+    """[F_j+, F_j-] for each of this worker's pairs j: all at one theta, on one mini-batch."""
+    now = {m: p.read_value() for m, p in theta.items()}
+
+    def pair(j):
+        eps = shaped_like(noise(generation, j, now), now)
+        return tf.stack([fitness({m: now[m] + sigma * eps[m] for m in now}),
+                         fitness({m: now[m] - sigma * eps[m] for m in now})])
+    return tf.map_fn(pair, own, fn_output_signature=tf.float32)
+
+
+def centred_ranks(values):
+    """Each value's rank among them all (0 .. size - 1), scaled into [-0.5, 0.5]: the update
+    sees only the order of the fitness values, not their scale (the paper's fitness shaping)."""
+    flat = tf.reshape(values, [-1])
+    ranks = tf.cast(tf.argsort(tf.argsort(flat, stable=True), stable=True), tf.float32)
+    return tf.reshape(ranks / tf.cast(tf.size(flat) - 1, tf.float32) - 0.5, tf.shape(values))
+
+
+def weighted_noise(generation, indices, weights, like):
+    """sum_j weights_j * eps_j, each eps_j rebuilt from its seed and added one after the other
+    in the list's order: the same operations in the same order, so the same bits, everywhere."""
+    def add(i, total):
+        return i + 1, total + weights[i] * noise(generation, indices[i], like)
+    zeros = tf.zeros([sum(p.shape.num_elements() for p in like.values())])
+    total = tf.while_loop(lambda i, _: i < tf.size(indices), add, [tf.constant(0), zeros])[1]
+    return shaped_like(total, like)
+
+
+def move_to_local_variables(variables):
+    """From GLOBAL_VARIABLES to LOCAL_VARIABLES: this worker initialises them itself, and
+    checkpoints leave them out."""
+    graph = tf.compat.v1.get_default_graph()
+    for variable in variables:
+        graph.get_collection_ref(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES).remove(variable)
+        graph.add_to_collection(tf.compat.v1.GraphKeys.LOCAL_VARIABLES, variable)
+
+
+# >>> shared: worker variables
+def worker_variables(prefix, like, initial_value):
+    """One variable on this worker per parameter in like, named prefix_<name>. LOCAL_VARIABLES:
+    each worker initialises its own, and checkpoints leave them out."""
+    return {n: tf.compat.v1.Variable(initial_value(p), trainable=False, name=prefix + "_" + n,
+                                     collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES])
+            for n, p in like.items()}
+# <<< shared: worker variables
+
+
+# --- The training loop ----------------------------------------------------------------------------
+def train(args, cluster, server):
+    data, workers = load_dataset(args.data_path), len(cluster["worker"])
+    x, y = training_batches(data, args.batch_size, args.task_index, workers,
+                            args.seed)  # no device given: the pipeline runs on this worker
+    es = build_evolution_strategies(
+        args, cluster, lambda: model_params(int(x.shape[1]), args.hidden, args.seed),
+        lambda params: -model_loss_and_accuracy(params, x, y)[0])  # fitness: minus the loss
+    log = TrainingLog(args, cluster, es.theta, data)
+    session = log.start(server)
+    role, generation = "worker%d" % args.task_index, int(session.run(es.global_step))
+    if args.task_index == 0:  # the one-time start: from here on only seeds and fitness travel
+        session.run(es.send_start)
+    else:
+        bounded(session, es.receive_start, args.connect_timeout, role + ": no theta from the chief")
+    expected, short, loss, behind = set(range(1, workers)), 0, float("nan"), False
+    while generation < int(np.ceil(args.steps / workers)):  # a mini-batch per worker a generation
+        if args.task_index == 0:  # its pairs, a bounded wait for the others', the list for all
+            loss = session.run(es.publish)
+            (generation, _, waiting), expected, missing = close_generation(
+                session, es, args, generation, expected)
+            short += bool(missing)
+        elif behind:  # its generation is closed already: its pairs would be left out
+            generation, _, waiting = wait_for_list(session, es.update, args, role)
+        else:  # its pairs, and the update that waits for the chief's list: one round trip
+            loss, (generation, _, waiting) = wait_for_list(session, [es.publish, es.update],
+                                                           args, role)
+        behind = waiting > 0
+        log.after_update(session, loss, generation)
+    print("[%s] theta checksum=%d (the same on every worker)"
+          % (role, checksum(session.run(list(es.theta.values())))), flush=True)
+    return log.end(session, minibatches_per_update=workers, population=args.population,
+                   sigma=args.sigma, short_generations=short)
+
+
+def close_generation(session, es, args, generation, expected):
+    """The chief: wait for this generation's pairs from the workers expected, at most
+    --generation_timeout; then its update makes the list (the pairs on the ps at that moment,
+    whoever's) and applies it. Returns the update's values, the workers to expect next time
+    (all heard from, late or not: a worker back is waited for again) and the ones missing."""
+    heard, on_time, deadline = set(), set(), time.time() + args.generation_timeout
+    while not expected <= on_time and time.time() < deadline:
+        try:
+            arrived, worker = session.run(es.next_arrival, options=tf.compat.v1.RunOptions(
+                timeout_in_ms=max(1, int(1000 * (deadline - time.time())))))
+        except tf.errors.DeadlineExceededError:
+            break  # late or lost: the generation goes on without its pairs, on every worker
+        heard.add(int(worker))
+        if arrived == generation:
+            on_time.add(int(worker))
+    update, late = session.run([es.update, es.late_arrivals])
+    return update, heard | {int(worker) for _, worker in late}, expected - on_time
+
+
+def wait_for_list(session, fetches, args, role):
+    """The other workers: fetches wait for the chief's list, which waits at most
+    --generation_timeout for a worker; past that and --connect_timeout, the chief is gone."""
+    return bounded(session, fetches, args.generation_timeout + args.connect_timeout,
+                   "%s: no list from the chief" % role)
+
+
+def bounded(session, fetches, seconds, what):
+    """Run fetches, which wait for the chief, at most seconds: a lost chief ends it in one line."""
+    try:
+        return session.run(fetches, options=tf.compat.v1.RunOptions(
+            timeout_in_ms=int(seconds * 1000)))
+    except tf.errors.DeadlineExceededError:
+        fail("%s within %g s: is the chief (worker 0) gone?" % (what, seconds))
+
+
+def checksum(values):
+    """A fingerprint of the exact bits of theta (a position-weighted sum of its float32 bits)."""
+    bits = np.concatenate([np.asarray(v, np.float32).ravel() for v in values]).view(np.uint32)
+    weights = np.arange(1, len(bits) + 1, dtype=np.uint64)
+    return int((bits.astype(np.uint64) * weights % 2147483647).sum() % 2147483647)
+
+
+def main(argv=None):
+    args = parse_flags(argv, example_flags)  # bad input fails here, before TensorFlow loads
+    if args.population % 2 or args.sigma <= 0:
+        fail("--population must be even (antithetic pairs) and --sigma positive, got %d and %g"
+             % (args.population, args.sigma))
+    return run_task(args, resolve_cluster(args), train)
+
+
+# ==================================================================================================
+# Plumbing shared by every example (you need not read below)
+# ==================================================================================================
+# What a task of a cluster needs besides its algorithm, in this order; the same text in every
+# train.py that runs on a ps (a test keeps the copies equal):
+#   1. flags, and the cluster from them or from TF_CONFIG          parse_flags, resolve_cluster,
+#                                                                  check_cluster
+#   2. variables on the ps (whole, or cut into a slice per ps),
+#      every other op on this worker                              ps_device, sharded_over_the_ps
+#   3. this task's server; a failure ends the task in one line    run_task, fail, cause
+#   4. the start-up barrier: a worker waits for the ps to answer  wait_for, is_listening
+#   5. ending the ps, which TensorFlow's server never does itself serve
+#   6. the session on the ps and this worker only; the chief
+#      initialises or restores the variables, the others wait     TrainingLog.start
+#   7. progress lines; the chief's test accuracy, checkpoints and
+#      TensorBoard summaries                                      after_update, evaluate
+#   8. the end: the chief waits for the others, names any it
+#      lost, and prints the summary line                          end, print_summary
+# >>> shared: flags
+def fail(message):
+    """One line on stderr and exit status 2: for bad input and lost peers, never for bugs."""
+    print("error: " + message, file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
+def parse_flags(argv, example_flags, distributed=True):
+    """The flags every example shares, then the example's own; bad values fail here."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.error = lambda message: fail(message + " (see --help)")
+    common = [
+        ("steps", int, 2000, "mini-batches to train, summed over the workers"),
+        ("batch_size", int, 64, "examples per mini-batch"),
+        ("learning_rate", float, 0.1, "the workers' learning rate"),
+        ("hidden", int, 128, "width of the MLP's hidden layer"),
+        ("data_path", str, "", "your own images: an .npz like mnist.npz (default: digits)"),
+        ("log_dir", str, "", "checkpoints and summaries; one that has them resumes"),
+        ("seed", int, 0, "seed of the initial weights and the shuffling"),
+        ("metrics_file", str, "", "also write the summary here, as JSON"),
+        ("log_every", int, 100, "progress (the chief's: test accuracy) every N local steps"),
+    ]
+    cluster = [
+        ("job_name", str, "", "ps or worker (or set TF_CONFIG)"),
+        ("task_index", int, 0, "this task's index in its job"),
+        ("ps_hosts", str, "", "comma-separated host:port of the ps tasks"),
+        ("worker_hosts", str, "", "comma-separated host:port of the workers"),
+        ("connect_timeout", float, 60, "seconds to wait for the other tasks"),
+    ]
+    for flag, kind, default, text in common + (cluster if distributed else []):
+        p.add_argument("--" + flag, type=kind, default=default, help=text)
+    example_flags(p)
+    args = p.parse_args(argv)
+    for flag, value in vars(args).items():
+        if type(value) not in (int, float):
+            continue
+        default = p.get_default(flag)
+        counted = type(default) in (int, float) and default >= 1  # a count, a size or a time
+        if value < 0 or (value == 0 and counted):
+            fail("--%s must be %s, got %s" % (flag, "positive" if counted else "0 or more", value))
+    if not args.log_dir:  # a new folder for every run, beside this file
+        run_name = time.strftime("%Y%m%d-%H%M%S-") + str(os.getpid())
+        args.log_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "logs", run_name)
+    return args
+# <<< shared: flags
+
+
+# >>> shared: tasks
+def check_cluster(cluster, job, index):
+    """Every address is host:port, the job is one of the cluster's, the index is in range."""
+    for name, hosts in cluster.items():
+        for address in hosts:
+            host, _, port = str(address).rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                fail("%s hosts: %r is not host:port (for example localhost:2222)"
+                     % (name, address))
+    if job not in cluster:
+        fail("unknown job name %r: use %s" % (job, " or ".join(cluster)))
+    if not 0 <= index < len(cluster[job]):
+        fail("task index %d is out of range: the %s job has %d task(s), 0..%d"
+             % (index, job, len(cluster[job]), len(cluster[job]) - 1))
+
+
+def cause(error):
+    """The line of a TensorFlow error that says what went wrong (not where, nor the trace)."""
+    lines = [line for line in error.message.splitlines()
+             if line.strip() and not line.startswith((" ", "\t", "Node: "))]
+    return lines[-1] if lines else type(error).__name__
+
+
+def is_listening(address):
+    try:
+        socket.create_connection(address.rsplit(":", 1), timeout=1).close()
+    except OSError:
+        return False
+    return True
+
+
+def wait_for(condition, seconds=float("inf")):
+    """Whether condition() came true within seconds (it is checked four times a second)."""
+    deadline = time.time() + seconds
+    while not condition():
+        if time.time() > deadline:
+            return False
+        time.sleep(0.25)  # the pace of the checks
+    return True
+# <<< shared: tasks
+
+
+# >>> shared: summary
+def print_summary(role, summary, history, metrics_file):
+    """The summary line, key=value ...; with --metrics_file also as JSON, with the history of the
+    test accuracy ([seconds, global step, accuracy] per evaluation)."""
+    def text(value):
+        if isinstance(value, list):
+            return ",".join(str(v) for v in value)
+        if isinstance(value, float):
+            return "%.6g" % value
+        return str(value)
+    fields = " ".join("%s=%s" % (key, text(value)) for key, value in summary.items())
+    print("[%s] summary %s" % (role, fields), flush=True)
+    if metrics_file:
+        with open(metrics_file, "w") as f:
+            json.dump(dict(summary, history=history), f, indent=1)
+# <<< shared: summary
+
+
+# >>> shared: cluster and session
+def resolve_cluster(args):
+    """The cluster from the flags, or else from TF_CONFIG as operators write it: a "chief" or
+    "master" becomes worker 0, an "evaluator" has nothing to do. Sets job_name and task_index."""
+    job, index = args.job_name, args.task_index
+    if job or args.ps_hosts or args.worker_hosts or "TF_CONFIG" not in os.environ:
+        if not args.ps_hosts or not args.worker_hosts:
+            fail("give --ps_hosts and --worker_hosts (or set TF_CONFIG)")
+        cluster = {"ps": args.ps_hosts.replace(" ", "").split(","),
+                   "worker": args.worker_hosts.replace(" ", "").split(",")}
+    else:
+        try:
+            config = json.loads(os.environ["TF_CONFIG"])
+            spec, job = config["cluster"], config["task"]["type"]
+            index = int(config["task"].get("index") or 0)
+            chief = list(spec.get("chief", [])) + list(spec.get("master", []))
+            cluster = {"ps": list(spec["ps"]), "worker": chief + list(spec.get("worker", []))}
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            fail("TF_CONFIG is not valid cluster JSON (%s: %s)" % (type(e).__name__, e))
+        if job in ("chief", "master"):
+            job, index = "worker", 0
+        elif job == "worker":
+            index += len(chief)  # the workers come after the chief
+        elif job == "evaluator":
+            print("[evaluator] nothing to do: the chief evaluates", flush=True)
+            sys.exit(0)
+    check_cluster(cluster, job, index)
+    args.job_name, args.task_index = job, index
+    return cluster
+
+
+def ps_device(args, cluster):
+    """Where a worker's ops go: every variable made under this device function to a ps task
+    (whole variables, round-robin over several ps), every other op to this worker."""
+    return tf.compat.v1.train.replica_device_setter(
+        cluster=tf.compat.v1.train.ClusterSpec(cluster),
+        worker_device="/job:worker/task:%d" % args.task_index)
+
+
+def sharded_over_the_ps(cluster, shard=True):
+    """A variable scope in which each variable made is cut into one slice per ps task (along its
+    first axis), so that every ps holds, and every ps link carries, an equal share of its bytes:
+    ps_device alone places whole variables, and one large matrix then loads one ps. Optimizers
+    update the slices; the model reads each variable whole. shard=False: a scope that changes
+    nothing."""
+    partitioner = tf.compat.v1.fixed_size_partitioner(len(cluster["ps"])) if shard else None
+    return tf.compat.v1.variable_scope(tf.compat.v1.get_variable_scope(), partitioner=partitioner)
+
+
+def run_task(args, cluster, train):
+    """Start this task's server, then serve (a ps) or train (a worker)."""
+    global tf  # loaded only now: bad input has failed in one line, without TensorFlow's start-up
+    job, index = args.job_name, args.task_index
+    address = cluster[job][index]
+    if is_listening(address):  # in one line here, rather than deep inside gRPC
+        fail("%s %d: port %s is already in use: by an earlier run?" % (job, index, address))
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before the import: no C++ info lines
+    import tensorflow as tf
+    tf.compat.v1.disable_eager_execution()
+    tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)
+    one_thread = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1)  # cores for the others
+    server = tf.compat.v1.train.Server(cluster, job_name=job, task_index=index, config=one_thread)
+    try:
+        if job == "ps":
+            return serve(index, cluster, args.connect_timeout)
+        if not wait_for(lambda: all(is_listening(ps) for ps in cluster["ps"]),
+                        args.connect_timeout):
+            fail("cannot reach the ps at %s: is it running?" % ",".join(cluster["ps"]))
+        return train(args, cluster, server)
+    except tf.errors.OpError as e:
+        fail("%s %d stopped: %s: %s" % (job, index, type(e).__name__, cause(e)))
+
+
+def serve(index, cluster, connect_timeout):
+    """A ps serves until every worker's port has opened and closed again (one that has not opened
+    within connect_timeout seconds counts as gone). The chief closes last."""
+    workers, seen = cluster["worker"], set()
+    deadline = time.time() + connect_timeout
+    print("[ps%d] serving %d worker(s) at %s" % (index, len(workers), cluster["ps"][index]),
+          flush=True)
+
+    def all_gone():
+        listening = {w for w in workers if is_listening(w)}
+        seen.update(listening)
+        return not listening and (len(seen) == len(workers) or time.time() > deadline)
+    wait_for(all_gone)
+    print("[ps%d] all %d worker(s) gone; shutting down" % (index, len(workers)), flush=True)
+    return 0
+
+
+class TrainingLog(object):
+    """A worker's session, progress lines and end; the chief's checkpoints, test accuracy,
+    TensorBoard summaries and summary line. Each worker writes its local step count into a
+    vector on ps 0 as it finishes: the chief waits for every worker to write, or to close its
+    port without writing (lost)."""
+
+    def __init__(self, args, cluster, params, data, steps_per_update=1):
+        self.args, self.cluster, self.steps_per_update = args, cluster, steps_per_update
+        self.role = "worker%d" % args.task_index
+        self.is_chief = args.task_index == 0
+        self.global_step = tf.compat.v1.train.get_or_create_global_step()
+        with tf.compat.v1.device("/job:worker/task:%d" % args.task_index):
+            x_test = scale(data.x_test, data.pixel_max)
+            self.test_accuracy = model_loss_and_accuracy(params, x_test, data.y_test)[1]
+            self.loss = tf.compat.v1.placeholder(tf.float32, [], name="loss")
+            self.summaries = tf.compat.v1.summary.merge([
+                tf.compat.v1.summary.scalar("test_accuracy", self.test_accuracy),
+                tf.compat.v1.summary.scalar("loss", self.loss)])
+        # each worker's local steps once it has finished, -1 before; never checkpointed
+        with tf.compat.v1.device("/job:ps/task:0"):
+            self.finished = tf.compat.v1.Variable(np.full(len(cluster["worker"]), -1),
+                                                  dtype=tf.int64, collections=[], name="finished")
+        self.my_local_steps = tf.compat.v1.placeholder(tf.int64, [1])
+        self.write_finished = tf.compat.v1.scatter_update(self.finished, [args.task_index],
+                                                          self.my_local_steps)
+        self.local_steps, self.last_loss, self.history = 0, float("nan"), []
+        self.last_checkpoint = 0.0  # when the chief last saved one
+
+    def start(self, server):
+        """The session, once the chief has restored (from --log_dir) or initialised the ps."""
+        args = self.args
+        self.saver = tf.compat.v1.train.Saver()  # the global variables, all made by now
+        local_init = tf.compat.v1.local_variables_initializer()
+        if self.is_chief:
+            global_init = tf.compat.v1.global_variables_initializer()
+        else:
+            global_variables = tf.compat.v1.global_variables()
+            not_ready = tf.compat.v1.report_uninitialized_variables(global_variables)
+        tf.compat.v1.get_default_graph().finalize()  # a loop that adds ops would grow forever
+        # filter devices, or the session waits for every worker to answer, even those that left
+        session = tf.compat.v1.Session(server.target, config=tf.compat.v1.ConfigProto(
+            device_filters=["/job:ps", "/job:worker/task:%d" % args.task_index],
+            intra_op_parallelism_threads=1))
+        if self.is_chief:
+            print("[worker0] chief: log_dir=%s" % args.log_dir, flush=True)
+            self.writer = tf.compat.v1.summary.FileWriter(args.log_dir, session.graph)
+            session.run(self.finished.initializer)
+            checkpoint = tf.train.latest_checkpoint(args.log_dir)
+            if checkpoint:
+                self.saver.restore(session, checkpoint)
+                print("[worker0] resuming from the checkpoint at global step %d"
+                      % session.run(self.global_step), flush=True)
+            else:
+                session.run(global_init)
+        elif not wait_for(lambda: len(session.run(not_ready)) == 0, args.connect_timeout):
+            fail("%s: the chief has not set the variables up after %g s"
+                 % (self.role, args.connect_timeout))
+        session.run(local_init)
+        self.step = self.start_step = int(session.run(self.global_step))
+        self.started = time.time()
+        self.progress_steps, self.progress_time = 0, self.started  # at the last progress line
+        print("[%s] training started" % self.role, flush=True)
+        return session
+
+    def after_update(self, session, loss, global_step):
+        """Count the update; every --log_every local steps a progress line (the chief evaluates)."""
+        self.step, self.last_loss = int(global_step), float(loss)
+        before = self.local_steps
+        self.local_steps += self.steps_per_update
+        if before // self.args.log_every == self.local_steps // self.args.log_every:
+            return
+        rate = (self.local_steps - self.progress_steps) / (time.time() - self.progress_time)
+        line = "[%s] local_step=%d global_step=%d loss=%.4f" % (
+            self.role, self.local_steps, self.step, loss)
+        if self.is_chief:
+            line += " test_accuracy=%.4f" % self.evaluate(session, self.step)
+        print(line + " steps_per_sec=%.1f" % rate, flush=True)
+        self.progress_steps, self.progress_time = self.local_steps, time.time()
+
+    def evaluate(self, session, global_step, checkpoint=False):
+        """The chief's test accuracy, also to TensorBoard, after a checkpoint (one per 30 s)."""
+        if checkpoint or time.time() > self.last_checkpoint + 30:
+            self.saver.save(session, os.path.join(self.args.log_dir, "model.ckpt"), global_step)
+            self.last_checkpoint = time.time()
+        accuracy, summaries = session.run([self.test_accuracy, self.summaries],
+                                          {self.loss: self.last_loss})
+        self.writer.add_summary(summaries, global_step)
+        self.history.append([round(time.time() - self.started, 3), global_step, float(accuracy)])
+        return float(accuracy)
+
+    def end(self, session, minibatches_per_update=1, **extra):
+        """This worker is done; the chief waits for the others and prints the summary, with the
+        example's extra fields (values, or tensors that it reads now)."""
+        session.run(self.write_finished, {self.my_local_steps: [self.local_steps]})
+        if self.is_chief:
+            workers = self.cluster["worker"]
+
+            def all_finished_or_gone():
+                written = session.run(self.finished)
+                return all(n >= 0 or not is_listening(w) for w, n in zip(workers, written))
+            wait_for(all_finished_or_gone)
+            local_steps = [int(n) for n in session.run(self.finished)]  # read after the wait
+            lost = [w for w, n in enumerate(local_steps) if n < 0]
+            if lost:
+                print("[worker0] worker(s) %s failed or were lost" % ",".join(map(str, lost)))
+            step = int(session.run(self.global_step))
+            seconds = time.time() - self.started
+            rate = (step - self.start_step) * minibatches_per_update / seconds
+            summary = dict(example=EXAMPLE, test_accuracy=self.evaluate(session, step, True),
+                           global_step=step, workers=len(workers), ps=len(self.cluster["ps"]),
+                           lost_workers=len(lost), local_steps=local_steps,
+                           updates=step - self.start_step, steps_per_sec=rate,
+                           examples_per_sec=rate * self.args.batch_size)
+            for key, value in extra.items():
+                summary[key] = float(session.run(value)) if tf.is_tensor(value) else value
+            print_summary(self.role, summary, self.history, self.args.metrics_file)
+            self.writer.close()
+        session.close()
+        print("[%s] done: local_steps=%d" % (self.role, self.local_steps), flush=True)
+        return 0
+# <<< shared: cluster and session
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,293 @@
+"""Evolution-Strategies: shared seeds rebuild the same noise everywhere, every copy of theta stays
+bit-identical, one update is the formula's, a late or lost worker is waited for a bounded time,
+and only seeds and fitness values cross the network."""
+import time
+
+import numpy as np
+import pytest
+
+from conftest import (ACCURACY_BAR, assert_a_killed_worker_does_not_hang_the_others, finish,
+                      in_process_cluster, load_train_module, worker_config)
+
+EXAMPLE = "Evolution-Strategies"
+OPTIMUM = np.array([1.0, -2.0, 0.5], np.float32)  # the quadratic fitness's known maximum
+START = np.array([0.3, 0.4, -0.6], np.float32)
+
+
+def quadratic(params):
+    """Fitness -|v - OPTIMUM|^2: the largest at OPTIMUM; what ES should climb towards."""
+    import tensorflow as tf
+    return -tf.reduce_sum(tf.square(params["v"] - OPTIMUM))
+
+
+def start_params():
+    import tensorflow as tf
+    return {"v": tf.compat.v1.get_variable("v", initializer=tf.constant(START))}
+
+
+def es_workers(num_workers, *flags):
+    """num_workers workers of Evolution-Strategies on the quadratic, on a real in-process
+    cluster (gRPC servers), set up as train() sets them up: the chief initialises and sends its
+    theta, the others receive it. Returns the module, the parsed flags and (es, session) each."""
+    import tensorflow as tf
+    module = load_train_module(EXAMPLE)
+    cluster, servers = in_process_cluster(num_workers)
+    workers = []
+    for k, server in enumerate(servers):
+        args = module.parse_flags(["--task_index", str(k), "--population", "4", "--sigma", "0.1",
+                                   "--learning_rate", "0.05"] + list(flags), module.example_flags)
+        graph = tf.Graph()
+        with graph.as_default():
+            es = module.build_evolution_strategies(args, cluster, start_params, quadratic)
+            init = [tf.compat.v1.global_variables_initializer(),
+                    tf.compat.v1.local_variables_initializer()]
+        session = tf.compat.v1.Session(server.target, graph=graph, config=worker_config(k))
+        if k == 0:
+            session.run(init[0])
+        session.run(init[1])
+        workers.append((es, session))
+    workers[0][1].run(workers[0][0].send_start)
+    for es, session in workers[1:]:
+        session.run(es.receive_start, options=timeout(30))
+    return module, args, workers
+
+
+def timeout(seconds):
+    import tensorflow as tf
+    return tf.compat.v1.RunOptions(timeout_in_ms=int(seconds * 1000))
+
+
+def one_generation(module, args, workers, publishing=None, fetch_estimate=False, expected=None):
+    """Publish (the workers in publishing, default all), let the chief wait for the others'
+    pairs (those in expected, default all) and make the list as train() does, then every other
+    worker applies it. Returns the chief's (expected next, missing) and every worker's update
+    values (the others' with their gradient estimate if asked)."""
+    publishing = range(len(workers)) if publishing is None else publishing
+    expected = set(range(1, len(workers))) if expected is None else expected
+    for k in publishing:
+        workers[k][1].run(workers[k][0].publish)
+    es0, chief = workers[0]
+    update, expected, missing = module.close_generation(
+        chief, es0, args, int(chief.run(es0.global_step)), expected)
+    fetches = [(es.update, es.gradient_estimate) if fetch_estimate else es.update
+               for es, _ in workers[1:]]
+    return (expected, missing), [update] + [session.run(f, options=timeout(30))
+                                            for (_, session), f in zip(workers[1:], fetches)]
+
+
+def values(update):
+    """(next generation, pairs used, lists waiting) as plain ints."""
+    return tuple(int(v) for v in update)
+
+
+def theta_of(es, session):
+    return session.run(es.theta["v"])
+
+
+def noise_on(module, es, session, generation, j):
+    """eps_j of a generation as this worker's own device draws it."""
+    import tensorflow as tf
+    with session.graph.as_default(), tf.compat.v1.device(es.theta["v"].device):
+        op = module.noise(tf.constant(generation, tf.int64), tf.constant(j, tf.int64), es.theta)
+    return session.run(op)
+
+
+def test_the_noise_of_a_seed_is_the_same_bits_on_every_worker_and_so_is_theta():
+    module, args, workers = es_workers(2)
+    (es0, chief), (es1, other) = workers
+    # the one-time start: every copy begins as the chief's
+    assert theta_of(es0, chief).tobytes() == theta_of(es1, other).tobytes() == START.tobytes()
+    (expected, missing), updates = one_generation(module, args, workers)
+    assert missing == set() and expected == {1}
+    # generation 1 next, from 4 pairs: 2 of each worker
+    assert [values(u)[:2] for u in updates] == [(1, 4), (1, 4)]
+    for j in range(4):  # worker 0 drew pairs 0, 1 and worker 1 pairs 2, 3: each rebuilds all
+        drawn, rebuilt = noise_on(module, es0, chief, 0, j), noise_on(module, es1, other, 0, j)
+        assert drawn.dtype == np.float32 and drawn.shape == (3,)
+        assert drawn.tobytes() == rebuilt.tobytes(), j
+    seeds = [(0, 0), (1, 0), (0, 1)]  # another generation or another pair: other noise
+    assert len({noise_on(module, es0, chief, g, j).tobytes() for g, j in seeds}) == 3
+    # the fitness published is that of theta +- sigma * the rebuilt noise: the drawing worker
+    # used the very noise the others rebuild
+    table = chief.run(es0.table)
+    for j in range(4):
+        eps = noise_on(module, es1, other, 0, j)
+        expected_fitness = [-np.sum((START + s * 0.1 * eps - OPTIMUM) ** 2) for s in (1, -1)]
+        assert table[j][:2].tolist() == [0, j]
+        np.testing.assert_allclose(table[j][2:], expected_fitness, rtol=1e-5)
+    first = theta_of(es0, chief)
+    assert not np.array_equal(first, START)
+    assert first.tobytes() == theta_of(es1, other).tobytes()
+    for _ in range(50):
+        one_generation(module, args, workers)
+    assert theta_of(es0, chief).tobytes() == theta_of(es1, other).tobytes()
+    # and the copies climbed towards the known optimum
+    assert np.linalg.norm(theta_of(es0, chief) - OPTIMUM) < 0.5 * np.linalg.norm(START - OPTIMUM)
+
+
+def centred_ranks(values):
+    ranks = np.argsort(np.argsort(values.ravel(), kind="stable"), kind="stable")
+    return (ranks / (values.size - 1) - 0.5).reshape(values.shape)
+
+
+def test_one_update_moves_theta_by_exactly_the_formulas_amount():
+    module, args, workers = es_workers(2)
+    (es0, chief), (es1, other) = workers
+    before = theta_of(es0, chief)
+    for es, session in workers:
+        session.run(es.publish)
+    table = chief.run(es0.table)  # the pairs of generation 0, as the list will hold them
+    _, updates = one_generation(module, args, workers, publishing=[], fetch_estimate=True)
+    (step, used, waiting), estimate = updates[1]
+    assert values((step, used, waiting)) == (1, 4, 0)
+
+    # the formula, computed here from the published fitness and the rebuilt noise
+    n, sigma, lr = 4, 0.1, 0.05
+    fitness = table[:, 2:]
+    u = centred_ranks(fitness)
+    eps = np.stack([noise_on(module, es1, other, 0, j) for j in range(n)])
+    g_hat = ((u[:, 0] - u[:, 1])[:, None] * eps).sum(0) / (2 * n * sigma)
+    np.testing.assert_allclose(estimate["v"], g_hat, rtol=1e-5, atol=1e-7)
+    # and Adam's first step along it (tf.compat.v1.train.AdamOptimizer: beta1 0.9, beta2 0.999,
+    # epsilon 1e-8), climbing: the gradient handed to Adam is -g_hat
+    m, v = 0.1 * -g_hat, 0.001 * g_hat ** 2
+    rate = lr * np.sqrt(1 - 0.999) / (1 - 0.9)
+    np.testing.assert_allclose(theta_of(es1, other) - before, -rate * m / (np.sqrt(v) + 1e-8),
+                               rtol=1e-4, atol=1e-7)
+    assert theta_of(es0, chief).tobytes() == theta_of(es1, other).tobytes()
+    # ranks, not raw fitness: the order of the published values is all that counts
+    assert sorted(u.ravel().tolist()) == pytest.approx(np.linspace(-0.5, 0.5, 2 * n).tolist())
+
+
+def test_a_late_worker_is_waited_for_a_bounded_time_and_every_copy_leaves_its_pairs_out():
+    module, args, workers = es_workers(2, "--generation_timeout", "1")
+    (es0, chief), (es1, other) = workers
+    started = time.time()
+    (expected, missing), updates = one_generation(module, args, workers, publishing=[0])
+    assert 1.0 <= time.time() - started < 10  # the chief waited --generation_timeout, no longer
+    assert missing == {1} and expected == set()  # not waited for until it is heard from
+    assert [values(u)[1] for u in updates] == [2, 2]  # the chief's 2 pairs only, on both workers
+    assert theta_of(es0, chief).tobytes() == theta_of(es1, other).tobytes()
+
+    # it is back: not waited for, but its pairs count when they are in before the list is made,
+    # and the chief, having heard from it, waits for it again from the next generation on
+    started = time.time()
+    (expected, missing), updates = one_generation(module, args, workers, expected=expected)
+    assert time.time() - started < 1.0
+    assert [values(u)[1] for u in updates] == [4, 4] and expected == {1} and missing == set()
+    assert theta_of(es0, chief).tobytes() == theta_of(es1, other).tobytes()
+
+
+def test_a_worker_behind_sees_lists_waiting_and_applies_them_in_order():
+    module, args, workers = es_workers(2, "--generation_timeout", "0.2")
+    (es0, chief), (es1, other) = workers
+    for _ in range(3):  # worker 1 stalls: the chief closes three generations without it
+        chief.run(es0.publish)
+        chief.run(es0.update)  # makes the list with the chief's pairs alone
+    steps = [values(other.run(es1.update, options=timeout(30))) for _ in range(3)]
+    assert steps == [(1, 2, 2), (2, 2, 1), (3, 2, 0)]  # in order: 2, then 1, then 0 waiting
+    assert theta_of(es0, chief).tobytes() == theta_of(es1, other).tobytes()
+
+
+def checksums(run):
+    return {line.split("]")[0] + "]": line.split("theta checksum=")[1].split()[0]
+            for _, line in run.lines if "theta checksum=" in line}
+
+
+def test_the_digits_reach_the_bar_with_identical_copies_and_every_process_exits(run_example):
+    run = run_example(EXAMPLE, timeout=240)
+    assert run.code == 0, run.output[-3000:]
+    summary = run.summary()
+    assert float(summary["test_accuracy"]) >= ACCURACY_BAR, summary
+    # --steps 2000 mini-batches, one per worker and generation: 1000 generations, all of them
+    # with both workers' pairs
+    assert summary["global_step"] == "1000" and summary["local_steps"] == "1000,1000", summary
+    assert summary["short_generations"] == "0" and summary["lost_workers"] == "0"
+    sums = checksums(run)
+    assert sorted(sums) == ["[worker0]", "[worker1]"] and len(set(sums.values())) == 1, sums
+    assert "[ps0] all 2 worker(s) gone; shutting down" in run.output
+    assert "[run.sh] all processes finished" in run.output
+    # under a minute of training on this machine: 2000 mini-batches at 34 a second or more
+    assert float(summary["steps_per_sec"]) * 60 >= 2000, summary
+
+
+def test_a_rerun_resumes_from_the_chiefs_checkpoint_with_every_copy_alike(run_example, tmp_path):
+    log_dir = str(tmp_path / "resume")
+    first = run_example(EXAMPLE, "--steps", "200", log_dir=log_dir)
+    assert first.code == 0 and first.summary()["global_step"] == "100", first.output[-3000:]
+    second = run_example(EXAMPLE, "--steps", "400", log_dir=log_dir)
+    assert second.code == 0, second.output[-3000:]
+    assert "resuming from the checkpoint at global step 100" in second.output
+    summary = second.summary()
+    assert summary["global_step"] == "200" and summary["local_steps"] == "100,100", summary
+    # the chief's restored theta reached the other worker: the copies end alike
+    assert len(set(checksums(second).values())) == 1, checksums(second)
+    assert float(summary["test_accuracy"]) > float(first.summary()["test_accuracy"]) - 0.05
+
+
+def test_a_killed_worker_costs_one_bounded_wait_and_the_chief_trains_on(tmp_path):
+    summary = assert_a_killed_worker_does_not_hang_the_others(EXAMPLE, tmp_path,
+                                                              min_global_step=1500)
+    assert summary["global_step"] == "1500"  # --steps 3000: every generation was closed
+    assert 1 <= int(summary["short_generations"]) <= 3, summary  # waited for it once or so
+
+
+def test_an_odd_population_or_a_zero_sigma_is_refused_in_one_line():
+    from conftest import error_lines, run_train
+    for flag, value in (("--population", "7"), ("--sigma", "0")):
+        code, _, stderr = run_train(EXAMPLE, ["--job_name", "worker", flag, value, "--ps_hosts",
+                                              "localhost:1", "--worker_hosts", "localhost:2"])
+        assert code == 2
+        assert error_lines(stderr) == [
+            "error: --population must be even (antithetic pairs) and --sigma positive, got %s"
+            % ("7 and 0.05" if flag == "--population" else "50 and 0")], stderr
+
+
+# ==================================================================================================
+# Bytes on the wire, every task a host of its own (benchmarks/cluster.py: root, ip and tc)
+# ==================================================================================================
+def cluster_bytes(tmp_path, hidden, population, steps):
+    """Total bytes every host sent in a run of --steps mini-batches (steps/2 generations)."""
+    from test_cluster import assert_run_left_nothing, start_tool, summary_of
+    tag = "h%d-p%d-s%d" % (hidden, population, steps)
+    proc = start_tool([EXAMPLE, "--timeout", "300", "--log_dir", str(tmp_path / tag), "--",
+                       "--steps", str(steps), "--hidden", str(hidden), "--population",
+                       str(population), "--log_every", "1000"])
+    try:
+        run = finish(proc, timeout=360)
+    finally:
+        assert_run_left_nothing(proc, tmp_path)
+    assert run.code == 0, run.output[-3000:]
+    report = summary_of(run.output, "cluster")
+    assert report["mini_batches"] == str(steps), report
+    return float(report["total_bytes"])
+
+
+def bytes_per_generation(tmp_path, hidden, population):
+    """(bytes per worker and generation, bytes of the one-time start): two runs of 20 and 60
+    generations, so that the start, the same in both, drops out of their difference."""
+    short, long = (cluster_bytes(tmp_path, hidden, population, steps) for steps in (40, 120))
+    per_generation = (long - short) / (2 * 40)
+    return per_generation, short - 2 * 20 * per_generation
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(900)  # six runs
+def test_the_bytes_of_a_generation_do_not_grow_with_the_model(tmp_path):
+    from test_cluster import missing_for_namespaces
+    if missing_for_namespaces():
+        pytest.skip(missing_for_namespaces())
+    default, _ = bytes_per_generation(tmp_path, 128, 50)
+    assert default < 10e3, default  # a few kilobytes per worker and generation, by default
+    # with a model 32 times bigger (1.2 MB), the same. (One pair per worker keeps the pace of a
+    # generation close at both sizes: the ps checks the workers' ports a few times a second, a
+    # few hundred bytes each time, which a slower generation would otherwise count as its own.)
+    small, small_start = bytes_per_generation(tmp_path, 128, 2)
+    large, large_start = bytes_per_generation(tmp_path, 4096, 2)
+    assert abs(large / small - 1) < 0.1, (small, large)
+    # what grows is the one-time start: the chief's theta to the ps, and on to worker 1
+    model_bytes = 4 * (64 * 4096 + 4096 + 4096 * 10 + 10)
+    assert large_start - small_start > 1.5 * model_bytes, (small_start, large_start)
+    print("bytes per worker and generation: %.0f (hidden 128, population 50); %.0f and %.0f "
+          "(hidden 128 and 4096, population 2); one-time start %.0f and %.0f"
+          % (default, small, large, small_start, large_start))
