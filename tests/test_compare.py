@@ -457,6 +457,8 @@ def test_the_scaling_table_gives_speed_up_and_efficiency_against_one_host(tmp_pa
     assert rows[1] == ["DOWNPOUR", "1", "unlimited", "36.0", "0.90", "0.90", "12.0", "0.83"]
     assert rows[2] == ["DOWNPOUR", "3", "unlimited", "108.0", "2.70", "0.90", "4.0", "2.50"]
     assert rows[3] == ["Sync-SGD", "3", "1gbit", "60.0", "1.50", "0.50", "n/a", "n/a"]
+    assert "With 3 workers, links unlimited: 2.70 to 2.70 times one host, median 2.70." in text
+    assert "With 3 workers, links 1gbit: 1.50 to 1.50 times one host, median 1.50." in text
     assert "Every host 0.4 core(s)" in text and "sudo python benchmarks/scaling.py" in text
     assert (tmp_path / "scaling.md").read_text() == text
 
@@ -487,6 +489,6 @@ def test_the_scaling_smoke_run_measures_one_and_two_workers_on_capped_hosts(tmp_
         assert [r.split("|")[2].strip() for r in rows] == ["1", "2"]
         metrics = json.loads((out / "logs" / "scaling-Hogwild-2-unlimited.json").read_text())
         assert metrics["cluster"]["cpus_per_host"] == 0.4
-        assert (out / "scaling.png").exists()
+        assert (out / "speed_up.png").exists()
     finally:
         assert_nothing_left(str(tmp_path))
