@@ -271,7 +271,8 @@ def bytes_per_generation(tmp_path, hidden, population):
     return per_generation, short - 2 * 20 * per_generation
 
 
-@pytest.mark.cluster
+@pytest.mark.benchmark  # a measurement: the ps's port checks add bytes by the second, not by
+@pytest.mark.cluster     # the generation, and one run in the full suite read 0.55 of the other
 @pytest.mark.timeout(900)  # six runs
 def test_the_bytes_of_a_generation_do_not_grow_with_the_model(tmp_path):
     from test_cluster import missing_for_namespaces
