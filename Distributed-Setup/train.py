@@ -490,7 +490,8 @@ class TrainingLog(object):
             step = int(session.run(self.global_step))
             seconds = time.time() - self.started
             rate = (step - self.start_step) * minibatches_per_update / seconds
-            summary = dict(example=EXAMPLE, test_accuracy=self.evaluate(session, step, True),
+            accuracy = self.evaluate(session, step, checkpoint=True)  # of the last checkpoint
+            summary = dict(example=EXAMPLE, test_accuracy=accuracy,
                            global_step=step, workers=len(workers), ps=len(self.cluster["ps"]),
                            lost_workers=len(lost), local_steps=local_steps,
                            updates=step - self.start_step, steps_per_sec=rate,

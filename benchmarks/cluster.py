@@ -299,6 +299,27 @@ class Network(object):
 # ==================================================================================================
 # CPU: with --cpus, each host gets a cgroup of its own that caps it at that many cores
 # ==================================================================================================
+def check_cpus(hosts, cores):
+    """Refuse, before anything is made, hosts of cores each that this machine cannot give; else
+    (cgroup version, where the quotas are set, where usage is read or None: the same place)."""
+    if hosts * cores > os.cpu_count() + 1e-9:
+        raise SetupError("%d hosts x %g cores = %g cores, more than this machine's %d: give "
+                         "--cpus %g or less" % (hosts, cores, hosts * cores, os.cpu_count(),
+                                                os.cpu_count() / hosts))
+    if os.path.isfile("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"):  # v1, as on this machine
+        version, limit_root = 1, "/sys/fs/cgroup/cpu"
+        cpuacct = "/sys/fs/cgroup/cpuacct"
+        usage_root = cpuacct if os.path.isfile(cpuacct + "/cpuacct.usage") else None
+    elif "cpu" in read_text("/sys/fs/cgroup/cgroup.controllers").split():  # v2
+        version, limit_root, usage_root = 2, "/sys/fs/cgroup", None  # usage: cpu.stat there
+    else:
+        raise SetupError("--cpus needs a cgroup cpu controller (v1 or v2), and none is here")
+    if not os.access(limit_root, os.W_OK):
+        raise SetupError("--cpus: %s is not writable: run it as root, on a machine (or "
+                         "container) that lets you make cgroups" % limit_root)
+    return version, limit_root, usage_root
+
+
 class CpuQuotas(object):
     """One cgroup per host, capped at `cores` cores by the kernel's CFS quota (quota/period),
     made by this run and removed by it; cgroup v1 (the `cpu` controller, and `cpuacct` to
@@ -312,22 +333,7 @@ class CpuQuotas(object):
     def __init__(self, prefix, hosts, cores):
         self.prefix, self.hosts, self.cores = prefix, list(hosts), cores
         self.made = []  # the groups this run made: the only ones it removes
-        if len(self.hosts) * cores > os.cpu_count() + 1e-9:
-            raise SetupError("%d hosts x %g cores = %g cores, more than this machine's %d: give "
-                             "--cpus %g or less" % (len(self.hosts), cores, len(self.hosts) * cores,
-                                                    os.cpu_count(), os.cpu_count() / len(self.hosts)))
-        if os.path.isfile("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"):  # v1, as on this machine
-            self.version, self.limit_root = 1, "/sys/fs/cgroup/cpu"
-            cpuacct = "/sys/fs/cgroup/cpuacct"
-            self.usage_root = cpuacct if os.path.isfile(cpuacct + "/cpuacct.usage") else None
-        elif "cpu" in read_text("/sys/fs/cgroup/cgroup.controllers").split():  # v2
-            self.version, self.limit_root = 2, "/sys/fs/cgroup"
-            self.usage_root = None  # the same group: cpu.stat
-        else:
-            raise SetupError("--cpus needs a cgroup cpu controller (v1 or v2), and none is here")
-        if not os.access(self.limit_root, os.W_OK):
-            raise SetupError("--cpus: %s is not writable: run it as root, on a machine (or "
-                             "container) that lets you make cgroups" % self.limit_root)
+        self.version, self.limit_root, self.usage_root = check_cpus(len(self.hosts), cores)
 
     def group(self, host, root=None):
         return os.path.join(root or self.limit_root, "%s-%s" % (self.prefix, host))
@@ -809,7 +815,7 @@ def main(argv=None):
         counts = task_counts(jobs, args.ps, args.workers, args.example)
         check_train_args(train_args)
         if args.cpus:  # refuses, before anything is made, what this machine cannot give
-            CpuQuotas("dtfg%d" % os.getpid(), range(sum(counts.values())), args.cpus)
+            check_cpus(sum(counts.values()), args.cpus)
         check_machine(needs_tc=args.bandwidth is not None)
     except SetupError as e:
         return error(str(e))

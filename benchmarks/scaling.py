@@ -176,7 +176,7 @@ def main(argv=None, prog="scaling.py"):
         if not args.from_logs:  # before any run: a machine that cannot fails in one line
             cluster.check_machine(needs_tc=any(bits is not None for _, bits in rates))
             most_hosts = max(counts) + 2  # the workers, a ps, and a coordinator
-            cluster.CpuQuotas("dtfg%d" % os.getpid(), range(most_hosts), args.cpus)
+            cluster.check_cpus(most_hosts, args.cpus)
     except (ValueError, cluster.SetupError) as e:
         return shared.error(str(e))
     who = os.path.splitext(prog)[0]

@@ -1,5 +1,4 @@
 """Helpers for tests that start real processes: every wait is bounded, nothing is left running."""
-import ast
 import importlib.util
 import os
 import re
@@ -13,6 +12,8 @@ import time
 import numpy as np
 import pytest
 
+import sync_shared  # tests/sync_shared.py: how a train.py's JOBS and family are read
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ACCURACY_BAR = 0.95  # the test accuracy every example must reach with its defaults
 
@@ -21,11 +22,9 @@ def declared_jobs(example):
     """The jobs an example's train.py declares in its JOBS constant: () for one process,
     ("ps", "worker") for the classic examples, the TensorFlow 2 strategies' own otherwise."""
     with open(os.path.join(ROOT, example, "train.py")) as f:
-        for node in ast.parse(f.read()).body:
-            if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == [
-                    "JOBS"]:
-                return tuple(ast.literal_eval(node.value))
-    raise AssertionError("%s/train.py declares no JOBS" % example)
+        jobs = sync_shared.declared_jobs(f.read())
+    assert jobs is not None, "%s/train.py declares no JOBS" % example
+    return jobs
 
 
 def _find_examples():
@@ -343,12 +342,7 @@ def sync_workers(build, args_per_worker):
 
 def all_at_once(sessions, fetches, timeout=60):
     """Run fetches[k] in sessions[k], all at the same time (a synchronous round)."""
-    threads = [threading.Thread(target=s.run, args=(f,)) for s, f in zip(sessions, fetches)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=timeout)
-        assert not t.is_alive(), "the round did not complete within %d s" % timeout
+    in_threads(lambda k: sessions[k].run(fetches[k]), len(sessions), timeout=timeout)
 
 
 def one_worker_session(build, args, cluster, server, batch=fixed_batch):

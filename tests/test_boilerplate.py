@@ -6,14 +6,15 @@ import re
 
 import pytest
 
+import sync_shared  # tests/sync_shared.py: which family a train.py belongs to
 from conftest import DISTRIBUTED_EXAMPLES, EXAMPLES, declared_jobs, example_dir
 
 BLOCK = re.compile(r"^# >>> shared: (.+?)\n(.*?)^# <<< shared: \1$", re.S | re.M)
 EVERY_TRAIN_PY = {"flags", "data", "model", "summary"}
-NEEDED_BLOCKS = {  # by the jobs a train.py declares
-    (): EVERY_TRAIN_PY | {"graph batches"},
-    ("ps", "worker"): EVERY_TRAIN_PY | {"graph batches", "tasks", "cluster and session"},
-    "TensorFlow 2": EVERY_TRAIN_PY | {"tasks", "tf2 cluster", "tf2 log"},
+NEEDED_BLOCKS = {  # by family: the reference train.py of the jobs a train.py declares
+    "Non-Distributed-Setup": EVERY_TRAIN_PY | {"graph batches"},
+    "Distributed-Setup": EVERY_TRAIN_PY | {"graph batches", "tasks", "cluster and session"},
+    "ParameterServerStrategy": EVERY_TRAIN_PY | {"tasks", "tf2 cluster", "tf2 log"},
 }
 ALLOWED_IMPORTS = {"argparse", "collections", "json", "math", "os", "shutil", "socket", "sys",
                    "tempfile", "threading", "time",
@@ -25,8 +26,7 @@ MAX_CONCEPTS = 8  # the numbered list at the banner: what a reader copying a fol
 
 
 def family(example):
-    jobs = declared_jobs(example)
-    return jobs if jobs in NEEDED_BLOCKS else "TensorFlow 2"
+    return sync_shared.family(declared_jobs(example))
 
 
 def read(example, name):
