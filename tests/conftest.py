@@ -142,12 +142,20 @@ def assert_nothing_left(marker, grace=5.0):
     assert not left, "processes left running: %s" % left
 
 
+def free_ports(count):
+    """count distinct free ports: every probe stays bound until all are chosen (the kernel may
+    hand out a port again as soon as its probe closes, so ports picked one by one can repeat)."""
+    probes = [socket.socket() for _ in range(count)]
+    for probe in probes:
+        probe.bind(("localhost", 0))
+    ports = [probe.getsockname()[1] for probe in probes]
+    for probe in probes:
+        probe.close()
+    return ports
+
+
 def free_port():
-    s = socket.socket()
-    s.bind(("localhost", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+    return free_ports(1)[0]
 
 
 def run_train(example, args, env=None, timeout=60):
@@ -244,8 +252,9 @@ def assert_a_backup_worker_covers_a_lost_one(example, tmp_path, global_step, arg
 def in_process_cluster(num_workers=1):
     """One ps and num_workers worker servers (real gRPC servers) in this process, on free ports."""
     import tensorflow as tf
-    cluster = {"ps": ["localhost:%d" % free_port()],
-               "worker": ["localhost:%d" % free_port() for _ in range(num_workers)]}
+    ps_port, *worker_ports = free_ports(1 + num_workers)
+    cluster = {"ps": ["localhost:%d" % ps_port],
+               "worker": ["localhost:%d" % port for port in worker_ports]}
     spec = tf.compat.v1.train.ClusterSpec(cluster)
     tf.compat.v1.train.Server(spec, job_name="ps", task_index=0, start=True)
     workers = [tf.compat.v1.train.Server(spec, job_name="worker", task_index=i, start=True)

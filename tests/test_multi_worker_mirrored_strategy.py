@@ -5,7 +5,7 @@ import signal
 import time
 
 from conftest import (ACCURACY_BAR, assert_nothing_left, assert_one_sgd_step_of, error_lines,
-                      finish, free_port, one_strategy_step, read_until,
+                      finish, free_ports, one_strategy_step, read_until,
                       run_train_noting_tensorflow, start_example)
 
 EXAMPLE = "MultiWorkerMirroredStrategy"
@@ -19,7 +19,7 @@ def checksums(output):
 def test_a_step_moves_every_copy_by_n_times_the_learning_rate_times_the_mean_gradient():
     # two workers, one synchronous step, each on a mini-batch that is its whole shard: the
     # mean of their gradients is that of the whole dataset; the rate is N = 2 times the flag's
-    ports = "%d,%d" % (free_port(), free_port())
+    ports = "%d,%d" % tuple(free_ports(2))
     steps = one_strategy_step(EXAMPLE, ports, processes=2)
     for step in steps:
         assert_one_sgd_step_of(step, EXAMPLE, learning_rate=2 * 0.1)

@@ -10,7 +10,6 @@ import asyncio
 import os
 import re
 import shutil
-import socket
 import time
 from pathlib import Path
 
@@ -18,6 +17,8 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
+
+from conftest import free_ports
 
 TUTORIAL = Path(__file__).resolve().parent.parent / "Basics-Tutorial"
 SINGLE_NOTEBOOKS = [
@@ -97,12 +98,7 @@ def assert_nothing_left_running(ports=()):
 
 def cluster_on_free_ports(wait_seconds):
     """Ports for the Multiple-Workers cluster, and the environment that hands them to the kernels."""
-    probes = [socket.socket() for _ in range(3)]
-    for probe in probes:  # all bound at once, so the three ports differ
-        probe.bind(("localhost", 0))
-    ports = [probe.getsockname()[1] for probe in probes]
-    for probe in probes:
-        probe.close()
+    ports = free_ports(3)
     env = dict(zip(["DTFG_PS_PORT", "DTFG_WORKER0_PORT", "DTFG_WORKER1_PORT"], map(str, ports)))
     env["DTFG_WAIT_SECONDS"] = str(wait_seconds)
     return ports, env

@@ -5,7 +5,7 @@ import signal
 import time
 
 from conftest import (ACCURACY_BAR, assert_nothing_left, assert_one_sgd_step_of, error_lines,
-                      finish, free_port, one_strategy_step, read_until, run_train,
+                      finish, free_ports, one_strategy_step, read_until, run_train,
                       run_train_noting_tensorflow, start_example)
 
 EXAMPLE = "ParameterServerStrategy"
@@ -13,7 +13,7 @@ EXAMPLE = "ParameterServerStrategy"
 
 def test_a_scheduled_step_moves_the_parameters_by_the_learning_rate_times_the_gradient():
     # one worker, one call of one step, a mini-batch that is the worker's whole shard
-    ports = ",".join(str(free_port()) for _ in range(3))
+    ports = ",".join(map(str, free_ports(3)))
     (step,) = one_strategy_step(EXAMPLE, ports)
     assert_one_sgd_step_of(step, EXAMPLE, learning_rate=0.1)
 
@@ -70,10 +70,10 @@ def test_bad_input_fails_in_one_line_before_tensorflow_loads():
 
 
 def test_a_server_whose_coordinator_never_comes_ends_with_one_line():
-    port = free_port()
+    port, worker_port, chief_port = free_ports(3)
     code, _, stderr = run_train(EXAMPLE, [
         "--job_name", "ps", "--ps_hosts", "localhost:%d" % port, "--worker_hosts",
-        "localhost:%d" % free_port(), "--chief_host", "localhost:%d" % free_port(),
+        "localhost:%d" % worker_port, "--chief_host", "localhost:%d" % chief_port,
         "--connect_timeout", "2"])
     assert code == 2
     assert error_lines(stderr)[-1].startswith("error: ps0: localhost:") and "did not come up " \

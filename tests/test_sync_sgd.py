@@ -8,7 +8,7 @@ import numpy as np
 from conftest import (ACCURACY_BAR, all_at_once, assert_a_backup_worker_covers_a_lost_one,
                       assert_a_lost_worker_stops_the_rounds, assert_nothing_left,
                       assert_the_chief_evaluated_what_it_checkpointed, error_lines, example_dir,
-                      flags, free_port, gradient_reference, load_train_module, run_train,
+                      flags, free_ports, gradient_reference, load_train_module, run_train,
                       sync_workers, values)
 
 sync_sgd = load_train_module("Sync-SGD")
@@ -63,7 +63,7 @@ def test_sync_sgd_reaches_the_bar_with_every_worker_in_every_step_and_exits_prom
 
 
 def test_the_chief_does_not_train_alone_while_another_worker_starts(tmp_path):
-    ps_port, chief_port, late_port = free_port(), free_port(), free_port()
+    ps_port, chief_port, late_port = free_ports(3)
     common = [sys.executable, os.path.join(example_dir("Sync-SGD"), "train.py"),
               "--ps_hosts", "localhost:%d" % ps_port,
               "--worker_hosts", "localhost:%d,localhost:%d" % (chief_port, late_port),
