@@ -368,11 +368,22 @@ def tf2_cluster(args, jobs):
     else:
         try:
             config = json.loads(os.environ["TF_CONFIG"])
-            cluster = {job: list(config["cluster"][job]) for job in jobs}
+            spec = dict(config["cluster"])
             job, index = config["task"]["type"], int(config["task"].get("index") or 0)
+            if "chief" in spec and "chief" not in jobs:  # a chief of workers is worker 0
+                chief = list(spec.pop("chief"))
+                spec["worker"] = chief + list(spec.get("worker", []))
+                if job == "chief":
+                    job, index = "worker", 0
+                elif job == "worker":
+                    index += len(chief)  # the workers come after the chief
+            cluster = {name: list(spec[name]) for name in jobs}
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             fail("TF_CONFIG is not valid cluster JSON for %s (%s: %s)"
                  % ("/".join(jobs), type(e).__name__, e))
+        if job == "evaluator":
+            fail("an evaluator task is not needed here: the %s evaluates; remove it from "
+                 "TF_CONFIG" % ("chief" if "chief" in jobs else "worker 0"))
     check_cluster(cluster, job, index)
     os.environ["TF_CONFIG"] = json.dumps({"cluster": cluster,
                                           "task": {"type": job, "index": index}})

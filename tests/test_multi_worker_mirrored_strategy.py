@@ -1,11 +1,12 @@
 """MultiWorkerMirroredStrategy: every worker a full copy, gradients summed by all-reduce; copies
 stay identical; a lost worker stops the others in one line, and a rerun resumes."""
+import json
 import os
 import signal
 import time
 
 from conftest import (ACCURACY_BAR, assert_nothing_left, assert_one_sgd_step_of, error_lines,
-                      finish, free_ports, one_strategy_step, read_until,
+                      finish, flags, free_ports, load_train_module, one_strategy_step, read_until,
                       run_train_noting_tensorflow, start_example)
 
 EXAMPLE = "MultiWorkerMirroredStrategy"
@@ -72,3 +73,19 @@ def test_bad_input_fails_in_one_line_before_tensorflow_loads():
     assert code == 2 and error_lines(stderr) == [
         "error: worker hosts: 'b' is not host:port (for example localhost:2222)"]
     assert not tensorflow_loaded
+
+
+# --- TF_CONFIG as users write it for TensorFlow 2 -------------------------------------------------
+def test_a_chief_in_tf_config_is_worker_0_and_the_workers_come_after_it(monkeypatch):
+    train = load_train_module(EXAMPLE)
+    spec = {"chief": ["c:2222"], "worker": ["w0:2222", "w1:2222"]}
+    for task, role in [({"type": "chief", "index": 0}, ("worker", 0)),
+                       ({"type": "worker", "index": 1}, ("worker", 2))]:
+        monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": spec, "task": task}))
+        args = flags(train)
+        cluster = train.tf2_cluster(args, train.JOBS)
+        assert cluster == {"worker": ["c:2222", "w0:2222", "w1:2222"]}
+        assert (args.job_name, args.task_index) == role
+        assert json.loads(os.environ["TF_CONFIG"]) == {"cluster": cluster, "task": {
+            "type": role[0], "index": role[1]}}  # what the strategy reads
+        assert args.connect_timeout == 600  # under TF_CONFIG pods may start minutes apart

@@ -1,5 +1,6 @@
 """ParameterServerStrategy: a coordinator schedules steps onto workers; variables on the ps, in
 shards over several ps; a lost worker's work moves to the others; every process ends by itself."""
+import json
 import os
 import signal
 import time
@@ -92,3 +93,13 @@ def test_with_every_worker_killed_the_coordinator_ends_the_run_in_one_line(tmp_p
     assert "[chief0] error: chief 0 stopped: no worker has answered for 10 s" in run.output
     assert "resume from" in run.output  # run.sh names the command that resumes
     assert_nothing_left(str(tmp_path))
+
+
+def test_an_evaluator_task_is_refused_in_one_line_that_says_what_to_do():
+    config = {"cluster": {"chief": ["localhost:1"], "worker": ["localhost:2"],
+                          "ps": ["localhost:3"], "evaluator": ["localhost:4"]},
+              "task": {"type": "evaluator", "index": 0}}
+    code, _, stderr = run_train(EXAMPLE, [], env={"TF_CONFIG": json.dumps(config)})
+    assert code == 2
+    assert error_lines(stderr) == ["error: an evaluator task is not needed here: the chief "
+                                   "evaluates; remove it from TF_CONFIG"]
