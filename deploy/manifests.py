@@ -63,7 +63,7 @@ USER = 1000  # the image's user (deploy/Dockerfile); a number, so runAsNonRoot c
 
 def container(args, role, command, env=()):
     resources = {"requests": {"cpu": "1", "memory": args.memory},
-                 "limits": {"memory": args.memory}}  # over it the pod is killed, not the node
+                 "limits": {"memory": args.memory}}  # killed over it, not its node starved
     if role == "worker" and args.gpus:  # the workers compute; a ps or coordinator does not
         resources["limits"]["nvidia.com/gpu"] = args.gpus
     c = {"name": "tensorflow",  # TFJob writes TF_CONFIG only into a container of this name
@@ -205,7 +205,8 @@ def plain(args):
 
 
 # backoffLimitPerIndex and podReplacementPolicy are on by default from Kubernetes 1.29 (beta;
-# generally available in 1.33 and 1.34); a 1.28 API server ignores them, an older one refuses them.
+# generally available in 1.33 and 1.34); a 1.28 API server ignores them, an older one refuses
+# them (tests/test_deploy.py shows 1.27's schema refusing them).
 PER_INDEX_SINCE = (1, 29)
 
 

@@ -28,6 +28,9 @@ sys.path.insert(0, os.path.join(ROOT, "deploy"))
 import entrypoint  # noqa: E402  (deploy/ is not a package)
 import manifests  # noqa: E402
 
+# the generator reads every train.py's JOBS each time it runs; here it runs hundreds of times
+manifests.examples = functools.lru_cache(maxsize=None)(manifests.examples)
+
 DOCKERFILE = os.path.join(ROOT, "deploy", "Dockerfile")
 DEPLOYABLE = [example for example, jobs in manifests.examples().items() if jobs]
 TF2_STRATEGIES = [e for e in DEPLOYABLE if e not in DISTRIBUTED_EXAMPLES]  # tf2_cluster's jobs
