@@ -16,10 +16,10 @@ is a directory of the pod's own (emptyDir), or with --volume_claim a PersistentV
 that checkpoints outlive a pod and a restarted chief resumes from them.
 
 Every object carries the labels app.kubernetes.io/part-of=dtfg and dtfg/run=<name> (the pods
-also dtfg/role), so `kubectl get tfjob,job,service,networkpolicy,pod -l dtfg/run=<name>` lists
-the whole run. The pods run as user 1000 (the image's), with the securityContext that the
-"restricted" Pod Security Standard asks for, and opt out of Istio's sidecar, which never exits
-and would keep a Job from completing.
+also dtfg/role), so `kubectl get tfjob,service,networkpolicy,pod -l dtfg/run=<name>` (job for
+tfjob with --kind plain) lists the whole run. The pods run as user 1000 (the image's), with
+the securityContext that the "restricted" Pod Security Standard asks for, and opt out of
+Istio's sidecar, which never exits and would keep a Job from completing.
 """
 import argparse
 import ast
