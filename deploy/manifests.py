@@ -11,9 +11,15 @@ pod's TF_CONFIG (<name>-<type>-<i>.<namespace>.svc:2222) and, with successPolicy
 ends the job when every worker is done. --kind plain: a headless Service and an Indexed Job per
 role (ps, worker; chief) that run deploy/entrypoint.py, which builds TF_CONFIG itself. Both add a
 NetworkPolicy: the TensorFlow servers have no authentication, so only the run's own pods may
-reach their port. Arguments after -- go to every train.py. --volume_claim mounts a
-PersistentVolumeClaim at /logs and passes --log_dir /logs/<name>: checkpoints then outlive a
-pod, and a restarted chief resumes from them.
+reach their port. Arguments after -- go to every train.py, after --log_dir /logs/<name>: /logs
+is a directory of the pod's own (emptyDir), or with --volume_claim a PersistentVolumeClaim, so
+that checkpoints outlive a pod and a restarted chief resumes from them.
+
+Every object carries the labels app.kubernetes.io/part-of=dtfg and dtfg/run=<name> (the pods
+also dtfg/role), so `kubectl get tfjob,service,networkpolicy,pod -l dtfg/run=<name>` (job for
+tfjob with --kind plain) lists the whole run. The pods run as user 1000 (the image's), with
+the securityContext that the "restricted" Pod Security Standard asks for, and opt out of
+Istio's sidecar, which never exits and would keep a Job from completing.
 """
 import argparse
 import ast
@@ -52,41 +58,70 @@ def jobs_of(train_py):
     return ()
 
 
-def container(args, command, env=()):
+USER = 1000  # the image's user (deploy/Dockerfile); a number, so runAsNonRoot can be checked
+
+
+def container(args, role, command, env=()):
+    resources = {"requests": {"cpu": "1", "memory": args.memory},
+                 "limits": {"memory": args.memory}}  # killed over it, not its node starved
+    if role == "worker" and args.gpus:  # the workers compute; a ps or coordinator does not
+        resources["limits"]["nvidia.com/gpu"] = args.gpus
     c = {"name": "tensorflow",  # TFJob writes TF_CONFIG only into a container of this name
          "image": args.image, "command": command,
          "ports": [{"name": "tfjob-port", "containerPort": PORT}],
-         "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}
+         "resources": resources,
+         # with the pod's runAsNonRoot and seccompProfile: what the "restricted" standard asks
+         "securityContext": {"allowPrivilegeEscalation": False,
+                             "capabilities": {"drop": ["ALL"]}}}
     if env:
         c["env"] = list(env)
-    if args.volume_claim:
-        c["volumeMounts"] = [{"name": "logs", "mountPath": "/logs"}]
+    c["volumeMounts"] = [{"name": "logs", "mountPath": "/logs"}]
     return c
 
 
-def pod_spec(args, command, restart, env=(), subdomain=None):
-    spec = {"restartPolicy": restart, "containers": [container(args, command, env)]}
+def pod_spec(args, role, command, restart, env=(), subdomain=None):
+    spec = {"restartPolicy": restart,
+            "securityContext": {"runAsNonRoot": True, "runAsUser": USER, "runAsGroup": USER,
+                                "fsGroup": USER,  # a volume that supports it becomes writable
+                                "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [container(args, role, command, env)]}
     if subdomain:
         spec["subdomain"] = subdomain
     if args.volume_claim:
         spec["volumes"] = [{"name": "logs",
                             "persistentVolumeClaim": {"claimName": args.volume_claim}}]
+    else:  # the pod's own: kept while its container restarts, gone with the pod
+        spec["volumes"] = [{"name": "logs", "emptyDir": {}}]
     return spec
 
 
+def pod_metadata(args, role):
+    # Istio's sidecar never exits, so a Job whose pods have one never completes. The annotation
+    # is what the Kubeflow docs ask for; newer Istio reads the label (and prefers it).
+    no_sidecar = {"sidecar.istio.io/inject": "false"}
+    return {"labels": dict(labels(args, role), **no_sidecar), "annotations": no_sidecar}
+
+
 def train_args(args):
-    return (["--log_dir", "/logs/" + args.name] if args.volume_claim else []) + args.train_args
+    return ["--log_dir", "/logs/" + args.name] + args.train_args
 
 
-def labels(args, role):
-    return {"app.kubernetes.io/part-of": "dtfg", "dtfg/run": args.name, "dtfg/role": role}
+def labels(args, role=None):
+    found = {"app.kubernetes.io/part-of": "dtfg", "dtfg/run": args.name}
+    if role:
+        found["dtfg/role"] = role
+    return found
+
+
+def metadata(args, name, role=None):
+    return {"name": name, "namespace": args.namespace, "labels": labels(args, role)}
 
 
 def network_policy(args):
     """Only the run's own pods may reach the TensorFlow port of its pods."""
     run = {"matchLabels": {"dtfg/run": args.name}}
     return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
-            "metadata": {"name": args.name + "-only-its-own-pods", "namespace": args.namespace},
+            "metadata": metadata(args, args.name + "-only-its-own-pods"),
             "spec": {"podSelector": run, "policyTypes": ["Ingress"],
                      "ingress": [{"from": [{"podSelector": run}],
                                   "ports": [{"protocol": "TCP", "port": PORT}]}]}}
@@ -104,14 +139,19 @@ def tfjob(args):
     command = ["python", "/app/%s/train.py" % args.example] + train_args(args)
     replica = lambda role, n: {
         "replicas": n, "restartPolicy": RESTART[role],
-        "template": {"metadata": {"labels": labels(args, role),
-                                  "annotations": {"sidecar.istio.io/inject": "false"}},
-                     "spec": pod_spec(args, command, RESTART[role])}}
+        "template": {"metadata": pod_metadata(args, role),
+                     "spec": pod_spec(args, role, command, RESTART[role])}}
+    # backoffLimit counts the restarts of every pod of the TFJob together (only the workers
+    # restart), so the budget is --restarts for each worker on average: one worker may use it
+    # all. MultiWorkerMirroredStrategy's workers all restart when one is lost: one per worker.
+    run_policy = {"cleanPodPolicy": "Running",
+                  "backoffLimit": args.restarts * args.counts["worker"],
+                  "ttlSecondsAfterFinished": args.ttl}
     # AllWorkers: the job succeeds when every worker has (the default waits for worker 0 only).
     # With a Chief replica the operator goes by the chief instead, whatever this says.
     job = {"apiVersion": "kubeflow.org/v1", "kind": "TFJob",
-           "metadata": {"name": args.name, "namespace": args.namespace},
-           "spec": {"runPolicy": {"cleanPodPolicy": "Running", "backoffLimit": 3},
+           "metadata": metadata(args, args.name),
+           "spec": {"runPolicy": run_policy,
                     "successPolicy": "AllWorkers",
                     "tfReplicaSpecs": {REPLICA_TYPE[role]: replica(role, n)
                                        for role, n in args.counts.items()}}}
@@ -127,7 +167,7 @@ def tfjob_tf_config(name, namespace, counts, task_type, index):
 
 def plain(args):
     service = {"apiVersion": "v1", "kind": "Service",
-               "metadata": {"name": args.name, "namespace": args.namespace},
+               "metadata": metadata(args, args.name),
                "spec": {"clusterIP": "None",  # headless: one DNS name per pod
                         # a name as soon as the pod has an address, not once it is ready: the
                         # tasks look each other up while they start
@@ -138,16 +178,40 @@ def plain(args):
     for role, n in args.counts.items():
         env = plain_env(args, role) + [{"name": "POD_NAMESPACE", "valueFrom": {
             "fieldRef": {"fieldPath": "metadata.namespace"}}}]
-        docs.append({
-            "apiVersion": "batch/v1", "kind": "Job",
-            "metadata": {"name": "%s-%s" % (args.name, role), "namespace": args.namespace},
-            "spec": {"completionMode": "Indexed", "completions": n, "parallelism": n,
-                     "backoffLimit": 0 if RESTART[role] == "Never" else 3,
-                     "template": {"metadata": {"labels": labels(args, role)},
-                                  "spec": pod_spec(args, ["python", "/app/deploy/entrypoint.py"]
-                                                   + train_args(args), RESTART[role], env,
-                                                   subdomain=args.name)}}})
+        restart = RESTART[role]
+        spec = {"completionMode": "Indexed", "completions": n, "parallelism": n}
+        if role != "worker":
+            spec["backoffLimit"] = 0  # one failure ends the Job (see RESTART)
+        elif per_index_limits(args):
+            # Each worker may fail --restarts times; a new pod, under the same name, replaces
+            # one that failed. The restarts are counted per index only with restartPolicy Never.
+            restart = "Never"
+            spec["backoffLimitPerIndex"] = args.restarts
+        else:  # counted over all the Job's pods: --restarts for each worker on average
+            spec["backoffLimit"] = args.restarts * n
+        if per_index_limits(args):
+            # a new pod for an index only once the old one has stopped: two pods of one task
+            # would both answer to its name
+            spec["podReplacementPolicy"] = "Failed"
+        spec["ttlSecondsAfterFinished"] = args.ttl
+        spec["template"] = {"metadata": pod_metadata(args, role),
+                            "spec": pod_spec(args, role, ["python", "/app/deploy/entrypoint.py"]
+                                             + train_args(args), restart, env,
+                                             subdomain=args.name)}
+        docs.append({"apiVersion": "batch/v1", "kind": "Job",
+                     "metadata": metadata(args, "%s-%s" % (args.name, role), role),
+                     "spec": spec})
     return docs
+
+
+# backoffLimitPerIndex and podReplacementPolicy are on by default from Kubernetes 1.29 (beta;
+# generally available in 1.33 and 1.34); a 1.28 API server ignores them, an older one refuses
+# them (tests/test_deploy.py shows 1.27's schema refusing them).
+PER_INDEX_SINCE = (1, 29)
+
+
+def per_index_limits(args):
+    return args.kubernetes >= PER_INDEX_SINCE
 
 
 def plain_env(args, role):
@@ -199,7 +263,20 @@ def parse(argv):
     p.add_argument("--name", default="", help="the run's name (default: the example's, "
                    "lowercase)")
     p.add_argument("--namespace", default="default")
-    p.add_argument("--volume_claim", default="", help="a PersistentVolumeClaim for /logs")
+    p.add_argument("--volume_claim", default="", help="a PersistentVolumeClaim for /logs "
+                   "(default: none, each pod has a directory of its own)")
+    p.add_argument("--memory", default="2Gi", help="each pod's memory, requested and its limit "
+                   "(default: 2Gi; a task of the examples peaks at about 0.8 GiB)")
+    p.add_argument("--gpus", type=int, default=0, help="GPUs for each worker (default: 0); the "
+                   "image must then be built with CUDA (see deploy/README.md)")
+    p.add_argument("--restarts", type=int, default=3, help="how often each worker may fail and "
+                   "start again (default: 3; see deploy/README.md for how each kind counts)")
+    p.add_argument("--ttl", type=int, default=86400, help="seconds after which Kubernetes "
+                   "deletes a finished run's Jobs or TFJob, and their pods and logs (default: "
+                   "86400, a day)")
+    p.add_argument("--kubernetes", default="1.29", help="the cluster's Kubernetes version, "
+                   "1.25 or newer (default: 1.29, the first that counts a plain Job's restarts "
+                   "per worker)")
     p.add_argument("--pods", action="store_true", help="instead of the manifest, each pod's host "
                    "name, environment and program, as JSON (benchmarks/cluster.py runs them)")
     args = p.parse_args(argv[:split])
@@ -217,10 +294,24 @@ def parse(argv):
     ps = 1 if args.ps is None else args.ps
     if ps < 1 or args.workers < 1:
         p.error("--ps and --workers must be at least 1")
+    for flag in ("gpus", "restarts", "ttl"):
+        if getattr(args, flag) < 0:
+            p.error("--%s must be 0 or more" % flag)
     args.counts = {job: {"chief": 1, "ps": ps, "worker": args.workers}[job] for job in jobs}
     args.name = args.name or args.example.lower().replace("_", "-")
-    if not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?", args.name):  # in every host name
-        p.error("--name %r: use at most 40 lowercase letters, digits and '-'" % args.name)
+    # A Service's name must be a DNS-1035 label (a letter first); the pods' host names add
+    # -<role>-<index> to it, and a host name has at most 63 characters.
+    if not re.fullmatch(r"[a-z]([-a-z0-9]{0,38}[a-z0-9])?", args.name):
+        p.error("--name %r: start with a lowercase letter, then use at most 39 lowercase "
+                "letters, digits and '-', and end with a letter or digit" % args.name)
+    if not re.fullmatch(r"[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|k|M|G|T)", args.memory):
+        p.error("--memory %r: a Kubernetes quantity with its unit, e.g. 2Gi or 1500Mi"
+                % args.memory)
+    version = re.fullmatch(r"v?1\.([0-9]+)(\.[0-9]+)?", args.kubernetes)
+    if not version or int(version.group(1)) < 25:
+        p.error("--kubernetes %r: give the cluster's version as 1.N, 1.25 or newer"
+                % args.kubernetes)
+    args.kubernetes = (1, int(version.group(1)))
     return args
 
 
