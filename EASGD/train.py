@@ -226,7 +226,7 @@ def main(argv=None):
 # What a task of a cluster needs besides its algorithm, in this order; the same text in every
 # train.py that runs on a ps (a test keeps the copies equal):
 #   1. flags, and the cluster from them or from TF_CONFIG          parse_flags, resolve_cluster,
-#                                                                  check_cluster
+#                                                                  check_cluster, positive_seconds
 #   2. variables on the ps (whole, or cut into a slice per ps),
 #      every other op on this worker                              ps_device, sharded_over_the_ps
 #   3. this task's server; a failure ends the task in one line    run_task, fail, cause
@@ -244,6 +244,14 @@ def fail(message):
     """One line on stderr and exit status 2: for bad input and lost peers, never for bugs."""
     print("error: " + message, file=sys.stderr, flush=True)
     sys.exit(2)
+
+
+def positive_seconds(text):
+    """A flag's value in seconds, more than 0 (a flag whose default, None, is settled later)."""
+    seconds = float(text)
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError("must be positive, got %s" % text)
+    return seconds
 
 
 def parse_flags(argv, example_flags, distributed=True):
@@ -267,8 +275,8 @@ def parse_flags(argv, example_flags, distributed=True):
         ("task_index", int, 0, "this task's index in its job"),
         ("ps_hosts", str, "", "comma-separated host:port of the ps tasks"),
         ("worker_hosts", str, "", "comma-separated host:port of the workers"),
-        ("connect_timeout", float, None, "seconds to wait for the other tasks; if not given, "
-         "60, or 600 under TF_CONFIG (a cluster's pods may start minutes apart)"),
+        ("connect_timeout", positive_seconds, None, "seconds to wait for the other tasks; if "
+         "not given, 60, or 600 under TF_CONFIG (a cluster's pods may start minutes apart)"),
     ]
     for flag, kind, default, text in common + (cluster if distributed else []):
         p.add_argument("--" + flag, type=kind, default=default, help=text)
@@ -278,7 +286,7 @@ def parse_flags(argv, example_flags, distributed=True):
         if type(value) not in (int, float):
             continue
         default = p.get_default(flag)
-        counted = default is None or default >= 1  # a count, a size or a time (None: set later)
+        counted = type(default) in (int, float) and default >= 1  # a count, a size or a time
         if value < 0 or (value == 0 and counted):
             fail("--%s must be %s, got %s" % (flag, "positive" if counted else "0 or more", value))
     if not args.log_dir:  # a new folder for every run, beside this file

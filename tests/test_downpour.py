@@ -112,13 +112,13 @@ def test_downpour_workers_start_from_the_ps_values_through_the_session_barrier(t
     cluster, workers = in_process_cluster(num_workers=2)
     found_not_ready, wait_for = threading.Event(), downpour.wait_for
 
-    def wait_for_noting_a_no(condition, *seconds):  # the barrier's checks, seen from outside
+    def wait_for_noting_a_no(condition, *seconds, **options):  # the barrier, seen from outside
         def noted():
             met = condition()
             if not met:
                 found_not_ready.set()
             return met
-        return wait_for(noted, *seconds)
+        return wait_for(noted, *seconds, **options)
     monkeypatch.setattr(downpour, "wait_for", wait_for_noting_a_no)
     digits = downpour.Dataset(None, None, np.zeros((2, 5), np.uint8), np.zeros(2, np.int64), 1)
 
