@@ -88,12 +88,6 @@ def make_clicks(num_ids, train_examples=500000, test_examples=20000):
     return Dataset(x_train, y_train, x_test, y_test, None, best_scores)
 
 
-def load_dataset(data_path, rows):
-    if data_path:
-        fail("--data_path: this example makes its own clicks; replace make_clicks with yours")
-    return make_clicks(rows)
-
-
 def scale(ids, pixel_max):  # the evaluation below the banner calls it: ids go in unchanged
     return tf.constant(ids)
 
@@ -173,7 +167,7 @@ def build_sparse_sgd(args, cluster, ids, clicks):
 
 # --- The training loop ----------------------------------------------------------------------------
 def train(args, cluster, server):
-    data = load_dataset(args.data_path, args.rows)
+    data = make_clicks(args.rows)
     ids, clicks = training_batches(data, args.batch_size, args.task_index,
                                    len(cluster["worker"]), args.seed)  # on this worker
     sgd = build_sparse_sgd(args, cluster, ids, clicks)
@@ -201,6 +195,8 @@ def auc(scores, clicks):
 
 def main(argv=None):
     args = parse_flags(argv, example_flags)  # bad input fails here, before TensorFlow loads
+    if args.data_path:
+        fail("--data_path: this example makes its own clicks; replace make_clicks with yours")
     return run_task(args, resolve_cluster(args), train)
 
 

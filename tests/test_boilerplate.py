@@ -44,9 +44,8 @@ def test_every_example_folder_has_train_py_run_sh_and_a_readme():
             assert os.path.isfile(os.path.join(example_dir(example), name)), (example, name)
 
 
-# what the shared data and model blocks define, and the appendix and the graph batches call
-DATA_AND_MODEL_NAMES = {"Dataset", "load_dataset", "scale", "training_dataset", "model_params",
-                        "model_loss_and_accuracy"}
+# what the shared data and model blocks define and the appendix and the graph batches call
+DATA_AND_MODEL_NAMES = {"Dataset", "scale", "training_dataset", "model_loss_and_accuracy"}
 
 
 def test_each_train_py_carries_the_shared_blocks_its_jobs_need():
