@@ -24,9 +24,9 @@ Run it
     By hand or with TF_CONFIG: as in ../Distributed-Setup.
 
 Use your own data and model
-    Edit the sections marked "(replace with your own)": make_clicks is the data, model_loss_and_
-    accuracy a function of the rows looked up. Keep the partitioner, the lookup and an optimiser
-    that updates only those rows (SGD, Adagrad, RMSProp; Adam's moments decay every row).
+    Edit the sections marked "(replace with your own)": make_clicks makes the data; the model is
+    a function of the rows looked up. Keep the partitioner, the lookup and an optimiser that
+    updates only the rows looked up (SGD, Adagrad, RMSProp; Adam's moments decay every row).
 
 References
     S. Rendle, "Factorization Machines", ICDM 2010 (the model).
