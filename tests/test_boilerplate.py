@@ -44,10 +44,20 @@ def test_every_example_folder_has_train_py_run_sh_and_a_readme():
             assert os.path.isfile(os.path.join(example_dir(example), name)), (example, name)
 
 
+# what the shared data and model blocks define and the appendix and the graph batches call
+DATA_AND_MODEL_NAMES = {"Dataset", "scale", "training_dataset", "model_loss_and_accuracy"}
+
+
 def test_each_train_py_carries_the_shared_blocks_its_jobs_need():
     for example in EXAMPLES:
+        text = read(example, "train.py")
         needed = NEEDED_BLOCKS[family(example)]
-        found = set(shared_blocks(read(example, "train.py")))
+        found = set(shared_blocks(text))
+        if "data" not in found:  # a problem of its own (Sparse-Embeddings' clicks), not digits:
+            # its Data and Model sections define the same names in place of the shared blocks
+            defined = set(re.findall(r"^(?:def |class )?(\w+)(?= = |\()", text, re.M))
+            assert DATA_AND_MODEL_NAMES <= defined, (example, DATA_AND_MODEL_NAMES - defined)
+            needed = needed - {"data", "model"}
         assert needed <= found, (example, needed - found)
 
 

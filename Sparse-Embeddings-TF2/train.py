@@ -1,0 +1,516 @@
+"""Sparse-Embeddings-TF2: ../Sparse-Embeddings with TensorFlow 2's ParameterServerStrategy.
+
+What it teaches
+    The same sharded table and row-sparse updates, written the TensorFlow 2 way (as
+    ../ParameterServerStrategy is to ../Distributed-Setup). Under strategy.scope(), a
+    variable_partitioner cuts each table into a slice per ps: a tf.Variable made there is a
+    ShardedVariable, its slices on the ps tasks in order. The coordinator ("chief") schedules a
+    tf.function on a free worker; tf.nn.embedding_lookup on the ShardedVariable gathers each
+    slice's rows on its ps, tf.GradientTape gives each slice a tf.IndexedSlices (its rows' ids
+    and gradients), and slice.scatter_sub applies it there: no other row moves or changes. No
+    Keras layer is involved (a custom loop: Keras 3 has no fit() for this strategy).
+
+The update rule (each step; asynchronous, as in ../Sparse-Embeddings)
+    r      <- hash(ids of the worker's next mini-batch)
+    logit  =  <v_user, v_item> + w_user + w_item + b       # v, w: rows r, from their slices
+    g      <- grad of the clicks' log loss: per slice, (rows of r in it, one gradient row each)
+    slice.scatter_sub(learning_rate * g)                   # on the slice's ps
+
+Run it
+    bash run.sh                           # 1 ps + 2 workers + the coordinator: a 1M x 32 table
+    NUM_PS=4 bash run.sh                  # a slice of each table on each of 4 ps
+    By hand or with TF_CONFIG: as in ../ParameterServerStrategy.
+
+Use your own data and model: the sections marked "(replace with your own)", as in
+../Sparse-Embeddings. A checkpoint (tf.train.Checkpoint) keeps each table as one tensor and
+restores into any number of slices.
+
+References
+    TensorFlow guide "Parameter server training with ParameterServerStrategy" (the
+    variable_partitioner and ShardedVariable); S. Rendle, "Factorization Machines", ICDM 2010.
+"""
+import argparse
+import collections
+import json
+import math
+import os
+import shutil
+import socket
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+
+tf = None  # loaded once the flags are checked: bad input fails in one line, at once
+EXAMPLE = "Sparse-Embeddings-TF2"
+JOBS = ("chief", "worker", "ps")  # the jobs of its cluster; deploy/ and the tests read them here
+
+
+def example_flags(parser):
+    parser.add_argument("--chief_host", default="", help="host:port of the coordinator")
+    parser.add_argument("--steps_per_call", type=int, default=10,
+                        help="K: mini-batch steps inside one scheduled function")
+    parser.set_defaults(batch_size=256, steps=2000, log_every=500,  # a checkpoint a progress line
+                        learning_rate=5.0)  # a row's gradient: its pairs' share of the mean loss
+    parser.add_argument("--rows", type=int, default=1000000,
+                        help="rows of the embedding table: users and items, one row each")
+    parser.add_argument("--dim", type=int, default=32, help="numbers in a row")
+
+
+# --- Data (replace with your own) -----------------------------------------------------------------
+Dataset = collections.namedtuple("Dataset", "x_train y_train x_test y_test pixel_max best_scores")
+DATA_SEED = 2026  # the hidden model and the examples are the same in every run and on every task
+
+
+def make_clicks(num_ids, train_examples=500000, test_examples=20000):
+    """Clicks of users on items, drawn from a hidden model (Koren et al.'s latent factors):
+        user u: factors p_u;  item i: factors q_i and appeal a_i   (all standard normal)
+        item i is shown with probability proportional to 1 / (i + 1)  (a power law)
+        score  s = <p_u, q_i> / sqrt(8) + a_i;  a click when s + noise > 1.2, noise ~ N(0, 1)
+    About one pair in four is a click. Ids: U = num_ids // 64 users 0 .. U-1, then the items.
+    x: [n, 2] ids (user, item); y: 1.0 for a click. best_scores: the test pairs' s."""
+    rng = np.random.default_rng(DATA_SEED)
+    users = max(num_ids // 64, 1)
+    items = num_ids - users
+    p, q = rng.standard_normal((users, 8)), rng.standard_normal((items, 8))  # 8 hidden factors
+    appeal = rng.standard_normal(items)
+    popularity = np.cumsum(1.0 / np.arange(1, items + 1))
+
+    def draw(n):
+        u = rng.integers(0, users, n)
+        i = np.searchsorted(popularity, rng.random(n) * popularity[-1]).clip(0, items - 1)
+        score = (p[u] * q[i]).sum(axis=1) / np.sqrt(8) + appeal[i]
+        clicks = (score + rng.standard_normal(n) > 1.2).astype(np.float32)
+        return np.stack([u, users + i], axis=1), clicks, score.astype(np.float32)
+    x_train, y_train, _ = draw(train_examples)
+    x_test, y_test, best_scores = draw(test_examples)
+    return Dataset(x_train, y_train, x_test, y_test, None, best_scores)
+
+
+def scale(ids, pixel_max):  # the evaluation below the banner calls it: ids go in unchanged
+    return tf.constant(ids)
+
+
+def training_dataset(data, batch_size, worker_index, num_workers, seed):
+    """This worker's endless stream of mini-batches: its own shard of the pairs, reshuffled."""
+    ds = tf.data.Dataset.from_tensor_slices((data.x_train, data.y_train))
+    ds = ds.shard(num_workers, worker_index).shuffle(20000, seed=seed * 1000 + worker_index)
+    return ds.repeat().batch(batch_size, drop_remainder=True).prefetch(2)
+
+
+# --- Model (replace with your own) ----------------------------------------------------------------
+def model_params(rows, dim, seed):
+    """A row per id in two tables, v (embeddings) and w (linear), which the strategy's
+    variable_partitioner cuts into a slice per ps (ShardedVariables); and b (bias), whole."""
+    return {"embeddings": tf.Variable(tf.random.normal([rows, dim], stddev=0.1, seed=seed),
+                                      name="embeddings"),
+            "linear": tf.Variable(tf.zeros([rows]), name="linear"),
+            "bias": tf.Variable(0.0, name="bias")}
+
+
+def rows_of(ids, rows):
+    """Row of each id: a multiplicative hash, one to one on 0 .. rows-1 (the multiplier is a
+    prime larger than any table), so ids numbered by popularity spread over every slice."""
+    return ids * 2654435761 % rows
+
+
+def model_loss_and_accuracy(params, ids, clicks):
+    """The clicks' mean log loss, the fraction of pairs on the right side of 0, the logits.
+    TensorFlow 2's lookup on a ShardedVariable is "div": slice p holds a range of rows."""
+    r = rows_of(ids, int(params["linear"].shape[0]))
+    v = tf.nn.embedding_lookup(params["embeddings"], r)
+    w = tf.nn.embedding_lookup(params["linear"], r)
+    logits = tf.reduce_sum(v[:, 0] * v[:, 1], axis=1) + w[:, 0] + w[:, 1] + params["bias"]
+    loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=clicks, logits=logits))
+    accuracy = tf.reduce_mean(tf.cast(tf.equal(tf.cast(logits > 0, tf.float32), clicks),
+                                      tf.float32))
+    return loss, accuracy, logits
+
+
+# --- The algorithm --------------------------------------------------------------------------------
+SparsePss = collections.namedtuple("SparsePss", "strategy coordinator params slices global_step "
+                                   "steps_per_worker iterator train_steps")
+
+
+def build_sparse_pss(args, cluster, data):
+    """The strategy, the tables in slices over the ps, each worker's dataset, the scheduled step."""
+    workers = len(cluster["worker"])
+    strategy = tf.distribute.ParameterServerStrategy(  # it reads the cluster from TF_CONFIG
+        tf.distribute.cluster_resolver.TFConfigClusterResolver(),
+        variable_partitioner=tf.distribute.experimental.partitioners.MinSizePartitioner(
+            min_shard_bytes=256 << 10, max_shards=len(cluster["ps"])))  # a slice per ps
+    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    with strategy.scope():  # every variable made here lives on the ps
+        params = model_params(args.rows, args.dim, args.seed)
+        global_step = tf.Variable(0, dtype=tf.int64, name="global_step")
+        steps_per_worker = tf.Variable(tf.zeros([workers], tf.int64), name="steps_per_worker")
+    slices = [v for p in params.values() for v in getattr(p, "variables", [p])]
+
+    def dataset_fn():  # runs on each worker, which reads its own part of the training set
+        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+        return training_dataset(data, args.batch_size, worker, workers, args.seed)
+    iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
+
+    @tf.function
+    def train_steps(iterator):  # K steps on one worker, scheduled by the coordinator
+        def gradients(ids, clicks):  # on each replica of the worker: each of its GPUs, or its CPU
+            with tf.GradientTape() as tape:
+                loss = model_loss_and_accuracy(params, ids, clicks)[0]
+            return loss, tape.gradient(loss, slices)  # a table's slices: tf.IndexedSlices
+        loss = tf.constant(0.0)
+        for _ in tf.range(args.steps_per_call):
+            losses, per_replica = strategy.run(gradients, args=next(iterator))
+            rate = args.learning_rate / strategy.num_replicas_in_sync  # the replicas' mean
+            for v, g in zip(slices, per_replica):
+                for part in strategy.experimental_local_results(g):  # one per replica
+                    if isinstance(part, tf.IndexedSlices):  # only its rows, on the slice's ps
+                        v.scatter_sub(tf.IndexedSlices(rate * part.values, part.indices))
+                    else:  # the bias
+                        v.assign_sub(rate * part)
+            global_step.assign_add(1)  # on the ps, with no lock, like the steps
+            loss = strategy.reduce("MEAN", losses, axis=None)
+        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+        steps_per_worker.scatter_add(tf.IndexedSlices(
+            tf.constant([args.steps_per_call], tf.int64), tf.reshape(worker, [1])))
+        return loss
+    return SparsePss(strategy, coordinator, params, slices, global_step, steps_per_worker,
+                     iterator, train_steps)
+
+
+# --- The training loop ----------------------------------------------------------------------------
+def train(args, cluster):
+    """The coordinator's loop: schedule until --steps mini-batches, evaluating on the way."""
+    data = make_clicks(args.rows)
+    pss = build_sparse_pss(args, cluster, data)
+    for name, p in pss.params.items():  # where the tables live: a slice on each ps
+        print("[chief0] %s %s on %s" % (name, p.shape.as_list(), ", ".join(
+            v.device.split("/device")[0] for v in getattr(p, "variables", [p]))), flush=True)
+    log = Tf2Log(args, cluster, pss.params, data, tf.train.Checkpoint(
+        global_step=pss.global_step, steps_per_worker=pss.steps_per_worker, **pss.params))
+    calls = math.ceil((args.steps - log.start_step) / args.steps_per_call)  # none if resumed
+    every = max(1, args.log_every // args.steps_per_call)  # calls between progress lines
+    threading.Thread(target=end_when_no_worker_answers, args=(args, cluster), daemon=True).start()
+    for call in range(1, max(calls, 0) + 1):
+        loss = pss.coordinator.schedule(pss.train_steps, args=(pss.iterator,))
+        if call % every == 0:  # wait for this call only: the others keep running
+            log.progress(float(loss.fetch()), int(pss.global_step.numpy()))
+    pss.coordinator.join()  # every scheduled call has run (again elsewhere, if a worker died)
+    local_steps = [int(s) for s in pss.steps_per_worker.numpy()]
+    test_logits = model_loss_and_accuracy(pss.params, data.x_test, data.y_test)[2]
+    return log.end(int(pss.global_step.numpy()), local_steps,
+                   lost_workers=sum(not is_listening(a) for a in cluster["worker"]),
+                   steps_per_call=args.steps_per_call,
+                   test_auc=float(auc(test_logits, data.y_test)),
+                   best_auc=float(auc(data.best_scores, data.y_test)), rows=args.rows,
+                   dim=args.dim)
+
+
+def auc(scores, clicks):
+    """Area under the ROC curve: the chance that a click scores above a non-click (from the
+    ranks of the scores; 0.5 is chance, 1 a perfect ranking)."""
+    ranks = tf.cast(tf.argsort(tf.argsort(scores)), tf.float64) + 1.0
+    clicks = tf.cast(clicks, tf.float64)
+    positives = tf.reduce_sum(clicks)
+    negatives = tf.cast(tf.size(clicks), tf.float64) - positives
+    return (tf.reduce_sum(ranks * clicks) - positives * (positives + 1) / 2) / (
+        positives * negatives)
+
+
+def end_when_no_worker_answers(args, cluster):
+    """The coordinator waits up to an hour for a lost worker to come back: with none left for
+    --connect_timeout seconds, end the run in one line instead."""
+    silent_since = None
+    while True:
+        if any(is_listening(address) for address in cluster["worker"]):
+            silent_since = None
+        elif silent_since is None:
+            silent_since = time.time()
+        elif time.time() - silent_since > args.connect_timeout:
+            print("error: chief 0 stopped: no worker has answered for %.0f s" % (
+                args.connect_timeout), file=sys.stderr, flush=True)
+            sys.stdout.flush()
+            os._exit(2)
+        time.sleep(1)  # the pace of the checks
+
+
+
+def main(argv=None):
+    args = parse_flags(argv, example_flags)  # bad input fails here, before TensorFlow loads
+    if args.data_path:
+        fail("--data_path: this example makes its own clicks; replace make_clicks with yours")
+    cluster = tf2_cluster(args, JOBS)
+    os.environ["GRPC_FAIL_FAST"] = "use_caller"  # a lost worker fails fast; its work moves on
+    start_tensorflow(args, cluster)
+    if args.job_name != "chief":  # a ps or a worker only serves, until the coordinator is gone
+        return serve_until_gone(args, cluster, cluster["chief"][0])
+    return run_and_exit(train, args, cluster)
+
+
+# ==================================================================================================
+# Plumbing shared by every example (you need not read below)
+# ==================================================================================================
+# What a task of a TensorFlow 2 cluster needs besides its algorithm, in this order; the same text
+# in every TensorFlow 2 train.py (a test keeps the copies equal):
+#   1. flags, and the cluster from them or from TF_CONFIG          parse_flags, tf2_cluster,
+#                                                                  check_cluster
+#   2. TensorFlow loads after the checks; a failure ends the task
+#      in one line                                                start_tensorflow, run_and_exit,
+#                                                                  fail, cause
+#   3. a server with nothing of its own to run ends itself once
+#      the task it serves is gone                                 serve_until_gone, wait_for,
+#                                                                  is_listening
+#   4. checkpoints and resume; progress lines with the test
+#      accuracy; TensorBoard summaries                            Tf2Log, progress
+#   5. the summary line                                           end, print_summary
+# >>> shared: flags
+def fail(message):
+    """One line on stderr and exit status 2: for bad input and lost peers, never for bugs."""
+    print("error: " + message, file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
+def parse_flags(argv, example_flags, distributed=True):
+    """The flags every example shares, then the example's own; bad values fail here."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.error = lambda message: fail(message + " (see --help)")
+    common = [
+        ("steps", int, 2000, "mini-batches to train, summed over the workers"),
+        ("batch_size", int, 64, "examples per mini-batch"),
+        ("learning_rate", float, 0.1, "the workers' learning rate"),
+        ("hidden", int, 128, "width of the MLP's hidden layer"),
+        ("data_path", str, "", "your own images: an .npz like mnist.npz (default: digits)"),
+        ("log_dir", str, "", "checkpoints and summaries; one that has them resumes"),
+        ("seed", int, 0, "seed of the initial weights and the shuffling"),
+        ("metrics_file", str, "", "also write the summary here, as JSON"),
+        ("log_every", int, 100, "progress (the chief's: test accuracy) every N local steps"),
+    ]
+    cluster = [
+        ("job_name", str, "", "ps or worker (or set TF_CONFIG)"),
+        ("task_index", int, 0, "this task's index in its job"),
+        ("ps_hosts", str, "", "comma-separated host:port of the ps tasks"),
+        ("worker_hosts", str, "", "comma-separated host:port of the workers"),
+        ("connect_timeout", float, 60, "seconds to wait for the other tasks"),
+    ]
+    for flag, kind, default, text in common + (cluster if distributed else []):
+        p.add_argument("--" + flag, type=kind, default=default, help=text)
+    example_flags(p)
+    args = p.parse_args(argv)
+    for flag, value in vars(args).items():
+        if type(value) not in (int, float):
+            continue
+        default = p.get_default(flag)
+        counted = type(default) in (int, float) and default >= 1  # a count, a size or a time
+        if value < 0 or (value == 0 and counted):
+            fail("--%s must be %s, got %s" % (flag, "positive" if counted else "0 or more", value))
+    if not args.log_dir:  # a new folder for every run, beside this file
+        run_name = time.strftime("%Y%m%d-%H%M%S-") + str(os.getpid())
+        args.log_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "logs", run_name)
+    return args
+# <<< shared: flags
+
+
+# >>> shared: tasks
+def check_cluster(cluster, job, index):
+    """Every address is host:port, the job is one of the cluster's, the index is in range."""
+    for name, hosts in cluster.items():
+        for address in hosts:
+            host, _, port = str(address).rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                fail("%s hosts: %r is not host:port (for example localhost:2222)"
+                     % (name, address))
+    if job not in cluster:
+        fail("unknown job name %r: use %s" % (job, " or ".join(cluster)))
+    if not 0 <= index < len(cluster[job]):
+        fail("task index %d is out of range: the %s job has %d task(s), 0..%d"
+             % (index, job, len(cluster[job]), len(cluster[job]) - 1))
+
+
+def cause(error):
+    """The line of a TensorFlow error that says what went wrong (not where, nor the trace)."""
+    lines = [line for line in error.message.splitlines()
+             if line.strip() and not line.startswith((" ", "\t", "Node: "))]
+    return lines[-1] if lines else type(error).__name__
+
+
+def is_listening(address):
+    try:
+        socket.create_connection(address.rsplit(":", 1), timeout=1).close()
+    except OSError:
+        return False
+    return True
+
+
+def wait_for(condition, seconds=float("inf")):
+    """Whether condition() came true within seconds (it is checked four times a second)."""
+    deadline = time.time() + seconds
+    while not condition():
+        if time.time() > deadline:
+            return False
+        time.sleep(0.25)  # the pace of the checks
+    return True
+# <<< shared: tasks
+
+
+# >>> shared: summary
+def print_summary(role, summary, history, metrics_file):
+    """The summary line, key=value ...; with --metrics_file also as JSON, with the history of the
+    test accuracy ([seconds, global step, accuracy] per evaluation)."""
+    def text(value):
+        if isinstance(value, list):
+            return ",".join(str(v) for v in value)
+        if isinstance(value, float):
+            return "%.6g" % value
+        return str(value)
+    fields = " ".join("%s=%s" % (key, text(value)) for key, value in summary.items())
+    print("[%s] summary %s" % (role, fields), flush=True)
+    if metrics_file:
+        with open(metrics_file, "w") as f:
+            json.dump(dict(summary, history=history), f, indent=1)
+# <<< shared: summary
+
+
+# >>> shared: tf2 cluster
+def tf2_cluster(args, jobs):
+    """The cluster from the flags, or else from TF_CONFIG; jobs: the job names this example uses
+    (its JOBS). Writes the result into TF_CONFIG, where the strategies read it, and sets
+    args.job_name and args.task_index."""
+    given = {"chief": getattr(args, "chief_host", ""), "worker": args.worker_hosts,
+             "ps": args.ps_hosts}
+    if args.job_name or any(given.values()) or "TF_CONFIG" not in os.environ:
+        if not all(given[job] for job in jobs):
+            flags = ["--chief_host" if job == "chief" else "--%s_hosts" % job for job in jobs]
+            fail("give %s (or set TF_CONFIG)" % " and ".join(flags))
+        cluster = {job: given[job].replace(" ", "").split(",") for job in jobs}
+        job, index = args.job_name, args.task_index
+    else:
+        try:
+            config = json.loads(os.environ["TF_CONFIG"])
+            cluster = {job: list(config["cluster"][job]) for job in jobs}
+            job, index = config["task"]["type"], int(config["task"].get("index") or 0)
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            fail("TF_CONFIG is not valid cluster JSON for %s (%s: %s)"
+                 % ("/".join(jobs), type(e).__name__, e))
+    check_cluster(cluster, job, index)
+    os.environ["TF_CONFIG"] = json.dumps({"cluster": cluster,
+                                          "task": {"type": job, "index": index}})
+    args.job_name, args.task_index = job, index
+    return cluster
+
+
+def start_tensorflow(args, cluster):
+    """Check this task's port, then load TensorFlow (eager, as TensorFlow 2 runs)."""
+    global tf  # loaded only now: bad input has failed in one line, without TensorFlow's start-up
+    address = cluster[args.job_name][args.task_index]
+    if is_listening(address):  # in one line here, rather than deep inside gRPC
+        fail("%s %d: port %s is already in use: by an earlier run?"
+             % (args.job_name, args.task_index, address))
+    if os.environ.get("VERBOSE") != "1":  # before the import: TensorFlow's C++ log reports
+        os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"  # every peer that leaves as an error
+    import tensorflow as tf
+    tf.get_logger().setLevel("ERROR")
+
+
+def serve_until_gone(args, cluster, watched):
+    """A server that has nothing to run itself (a ps; a worker the coordinator drives): serve
+    until the process at address watched has come and gone. TensorFlow's server never stops
+    and join() ignores SIGTERM, so the process ends itself once it is no longer needed."""
+    role = "%s%d" % (args.job_name, args.task_index)
+    tf.distribute.Server(tf.train.ClusterSpec(cluster), job_name=args.job_name,
+                         task_index=args.task_index, protocol="grpc", start=True)
+    print("[%s] serving at %s until %s is done"
+          % (role, cluster[args.job_name][args.task_index], watched), flush=True)
+    if not wait_for(lambda: is_listening(watched), args.connect_timeout):
+        fail("%s: %s did not come up within %.0f s" % (role, watched, args.connect_timeout))
+    wait_for(lambda: not is_listening(watched))
+    print("[%s] %s is gone; shutting down" % (role, watched), flush=True)
+    os._exit(0)  # the server's threads would keep an ordinary exit waiting forever
+
+
+def run_and_exit(train, args, cluster):
+    """Run train; a lost peer ends the task in one line. Then exit at once: the strategy's
+    threads would keep an ordinary exit waiting for servers that are gone."""
+    try:
+        code = train(args, cluster)
+    except tf.errors.OpError as e:
+        lost = isinstance(e, (tf.errors.UnavailableError, tf.errors.DeadlineExceededError))
+        why = "a peer is gone or did not answer in time" if lost else cause(e)
+        print("error: %s %d stopped: %s: %s" % (args.job_name, args.task_index,
+                                                type(e).__name__, why), file=sys.stderr)
+        code = 2
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+# <<< shared: tf2 cluster
+
+
+# >>> shared: tf2 log
+class Tf2Log(object):
+    """The chief's bookkeeping: resume from and write checkpoints, progress lines with the test
+    accuracy, TensorBoard summaries, and the summary at the end (the same as every example's)."""
+
+    def __init__(self, args, cluster, params, data, checkpoint, is_chief=True):
+        self.args, self.cluster, self.params, self.is_chief = args, cluster, params, is_chief
+        self.role = "%s%d" % (args.job_name, args.task_index)
+        self.x_test, self.y_test = scale(data.x_test, data.pixel_max), data.y_test
+        # every task restores from the chief's checkpoints; only the chief's saves are kept
+        # (with MultiWorkerMirroredStrategy every task must save: the others save to scratch)
+        self.scratch = None if is_chief else tempfile.mkdtemp(prefix="checkpoint-scratch-")
+        self.manager = tf.train.CheckpointManager(checkpoint, self.scratch or args.log_dir,
+                                                  max_to_keep=3)
+        self.start_step = 0
+        latest = tf.train.latest_checkpoint(args.log_dir)
+        if latest:
+            checkpoint.restore(latest)
+            self.start_step = int(checkpoint.global_step.numpy())
+            print("[%s] resuming from the checkpoint at global step %d"
+                  % (self.role, self.start_step), flush=True)
+        self.writer = tf.summary.create_file_writer(args.log_dir) if is_chief else None
+        self.history, self.started = [], time.time()
+        self.progress_step, self.progress_time = self.start_step, self.started
+        print("[%s] training started: log_dir=%s" % (self.role, args.log_dir), flush=True)
+
+    def evaluate(self, global_step, loss=None):
+        """The chief's test accuracy, also to TensorBoard with the loss."""
+        accuracy = float(model_loss_and_accuracy(self.params, self.x_test, self.y_test)[1])
+        self.history.append([round(time.time() - self.started, 3), global_step, accuracy])
+        with self.writer.as_default():
+            tf.summary.scalar("test_accuracy", accuracy, step=global_step)
+            if loss is not None:
+                tf.summary.scalar("loss", loss, step=global_step)
+        return accuracy
+
+    def progress(self, loss, global_step):
+        """A progress line, a checkpoint; the chief adds the test accuracy and summaries."""
+        rate = (global_step - self.progress_step) / (time.time() - self.progress_time)
+        line = "[%s] global_step=%d loss=%.4f" % (self.role, global_step, loss)
+        if self.is_chief:
+            line += " test_accuracy=%.4f" % self.evaluate(global_step, loss)
+        print(line + " steps_per_sec=%.1f" % rate, flush=True)
+        self.manager.save(checkpoint_number=global_step)
+        self.progress_step, self.progress_time = global_step, time.time()
+
+    def end(self, global_step, local_steps, lost_workers=0, minibatches_per_update=1, **extra):
+        """The final checkpoint; the chief evaluates and prints the summary (and its JSON)."""
+        self.manager.save(checkpoint_number=global_step)
+        if not self.is_chief:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+            return 0
+        seconds = time.time() - self.started
+        minibatches = (global_step - self.start_step) * minibatches_per_update
+        summary = dict(
+            example=EXAMPLE, test_accuracy=self.evaluate(global_step), global_step=global_step,
+            workers=len(self.cluster["worker"]), ps=len(self.cluster.get("ps", [])),
+            lost_workers=lost_workers, local_steps=local_steps,
+            updates=global_step - self.start_step, steps_per_sec=minibatches / seconds,
+            examples_per_sec=minibatches * self.args.batch_size / seconds, **extra)
+        self.writer.close()
+        print_summary(self.role, summary, self.history, self.args.metrics_file)
+        return 0
+# <<< shared: tf2 log
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,544 @@
+"""Sparse-Embeddings: a large embedding table sharded over the ps, and only the touched rows move.
+
+What it teaches
+    What parameter servers hold today: recommender and ranking models whose main parameter is an
+    embedding table far larger than a mini-batch needs. A table of --rows rows of --dim numbers
+    (1M x 32 = 128 MB) is cut by a partitioner into one slice per ps (sharded_over_the_ps). A
+    step looks up only its rows (embedding_lookup: each slice's gather runs on its ps); their
+    gradient is row-sparse (tf.IndexedSlices: ids and one row each), applied on each ps to those
+    rows alone. --dense_gradients pushes a tensor of the whole table instead (what TensorFlow's
+    "Converting sparse IndexedSlices to a dense Tensor" warns of). Ids are hashed to rows, so
+    hot ones spread over every slice; the lookup is "div" (a slice holds a range of rows), so a
+    checkpoint restores into any number of ps.
+
+The update rule (each step of worker k; asynchronous, as in ../Distributed-Setup)
+    r      <- hash(ids of k's next mini-batch)       # rows of its (user, item) pairs
+    v, w   <- rows r of the tables, gathered on the ps that hold them
+    logit  =  <v_user, v_item> + w_user + w_item + b  # a factorization machine of order 2
+    g      <- grad of the clicks' log loss: (r, one gradient row per id)
+    table[r] <- table[r] - learning_rate * g         # on each ps: no other row changes
+
+Run it
+    bash run.sh                                   # 1 ps + 2 workers, a 1M x 32 table
+    NUM_PS=4 bash run.sh                          # a slice on each of 4 ps
+    By hand or with TF_CONFIG: as in ../Distributed-Setup.
+
+Use your own data and model
+    Edit the sections marked "(replace with your own)": make_clicks makes the data; the model is
+    a function of the rows looked up. Keep the partitioner, the lookup and an optimiser that
+    updates only the rows looked up (SGD, Adagrad, RMSProp; Adam's moments decay every row).
+
+References
+    S. Rendle, "Factorization Machines", ICDM 2010 (the model).
+    M. Li et al., "Scaling Distributed Machine Learning with the Parameter Server", OSDI 2014.
+    Y. Koren et al., "Matrix Factorization Techniques for Recommender Systems", 2009 (the data).
+"""
+import argparse
+import collections
+import json
+import os
+import socket
+import sys
+import time
+
+import numpy as np
+
+tf = None  # loaded once the flags are checked: bad input fails in one line, at once
+EXAMPLE = "Sparse-Embeddings"
+JOBS = ("ps", "worker")  # the jobs of its cluster; deploy/ and the tests read them here
+
+
+def example_flags(parser):
+    parser.set_defaults(batch_size=256, steps=2000,
+                        learning_rate=5.0)  # a row's gradient: its pairs' share of the mean loss
+    parser.add_argument("--rows", type=int, default=1000000,
+                        help="rows of the embedding table: users and items, one row each")
+    parser.add_argument("--dim", type=int, default=32, help="numbers in a row")
+    parser.add_argument("--dense_gradients", action="store_true",
+                        help="for the comparison only: push dense gradients, as big as the table")
+
+
+# --- Data (replace with your own) -----------------------------------------------------------------
+Dataset = collections.namedtuple("Dataset", "x_train y_train x_test y_test pixel_max best_scores")
+DATA_SEED = 2026  # the hidden model and the examples are the same in every run and on every task
+
+
+def make_clicks(num_ids, train_examples=500000, test_examples=20000):
+    """Clicks of users on items, drawn from a hidden model (Koren et al.'s latent factors):
+        user u: factors p_u;  item i: factors q_i and appeal a_i   (all standard normal)
+        item i is shown with probability proportional to 1 / (i + 1)  (a power law)
+        score  s = <p_u, q_i> / sqrt(8) + a_i;  a click when s + noise > 1.2, noise ~ N(0, 1)
+    About one pair in four is a click. Ids: U = num_ids // 64 users 0 .. U-1, then the items.
+    x: [n, 2] ids (user, item); y: 1.0 for a click. best_scores: the test pairs' s."""
+    rng = np.random.default_rng(DATA_SEED)
+    users = max(num_ids // 64, 1)
+    items = num_ids - users
+    p, q = rng.standard_normal((users, 8)), rng.standard_normal((items, 8))  # 8 hidden factors
+    appeal = rng.standard_normal(items)
+    popularity = np.cumsum(1.0 / np.arange(1, items + 1))
+
+    def draw(n):
+        u = rng.integers(0, users, n)
+        i = np.searchsorted(popularity, rng.random(n) * popularity[-1]).clip(0, items - 1)
+        score = (p[u] * q[i]).sum(axis=1) / np.sqrt(8) + appeal[i]
+        clicks = (score + rng.standard_normal(n) > 1.2).astype(np.float32)
+        return np.stack([u, users + i], axis=1), clicks, score.astype(np.float32)
+    x_train, y_train, _ = draw(train_examples)
+    x_test, y_test, best_scores = draw(test_examples)
+    return Dataset(x_train, y_train, x_test, y_test, None, best_scores)
+
+
+def scale(ids, pixel_max):  # the evaluation below the banner calls it: ids go in unchanged
+    return tf.constant(ids)
+
+
+def training_dataset(data, batch_size, worker_index, num_workers, seed):
+    """This worker's endless stream of mini-batches: its own shard of the pairs, reshuffled."""
+    ds = tf.data.Dataset.from_tensor_slices((data.x_train, data.y_train))
+    ds = ds.shard(num_workers, worker_index).shuffle(20000, seed=seed * 1000 + worker_index)
+    return ds.repeat().batch(batch_size, drop_remainder=True).prefetch(2)
+
+
+# >>> shared: graph batches
+def training_batches(data, batch_size, worker_index, num_workers, seed):
+    """The next mini-batch of training_dataset, as tensors of the graph (no feed_dict)."""
+    ds = training_dataset(data, batch_size, worker_index, num_workers, seed)
+    return tf.compat.v1.data.make_one_shot_iterator(ds).get_next()
+# <<< shared: graph batches
+
+
+# --- Model (replace with your own) ----------------------------------------------------------------
+def model_params(rows, dim, seed):
+    """A row per id in two tables, v (embeddings) and w (linear), which sharded_over_the_ps cuts
+    into a slice per ps (PartitionedVariables); and b (bias), left whole by a partitioner."""
+    normal = tf.compat.v1.random_normal_initializer(stddev=0.1, seed=seed)
+    zeros = tf.compat.v1.zeros_initializer()
+    return {"embeddings": tf.compat.v1.get_variable("embeddings", [rows, dim], initializer=normal),
+            "linear": tf.compat.v1.get_variable("linear", [rows], initializer=zeros),
+            "bias": tf.compat.v1.get_variable("bias", [], initializer=zeros)}
+
+
+def rows_of(ids, rows):
+    """Row of each id: a multiplicative hash, one to one on 0 .. rows-1 (the multiplier is a
+    prime larger than any table), so ids numbered by popularity spread over every slice."""
+    return ids * 2654435761 % rows
+
+
+def model_loss_and_accuracy(params, ids, clicks):
+    """The clicks' mean log loss, the fraction of pairs on the right side of 0, the logits.
+    "div": slice p holds a contiguous range of rows, as a checkpoint restores them."""
+    r = rows_of(ids, int(params["linear"].get_shape()[0]))
+    v = tf.compat.v1.nn.embedding_lookup(params["embeddings"], r, partition_strategy="div")
+    w = tf.compat.v1.nn.embedding_lookup(params["linear"], r, partition_strategy="div")
+    logits = tf.reduce_sum(v[:, 0] * v[:, 1], axis=1) + w[:, 0] + w[:, 1] + params["bias"]
+    loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=clicks, logits=logits))
+    accuracy = tf.reduce_mean(tf.cast(tf.equal(tf.cast(logits > 0, tf.float32), clicks),
+                                      tf.float32))
+    return loss, accuracy, logits
+
+
+# --- The algorithm --------------------------------------------------------------------------------
+SparseSGD = collections.namedtuple("SparseSGD", "global_params global_step loss step push")
+
+
+def build_sparse_sgd(args, cluster, ids, clicks):
+    """One step of this worker on the mini-batch (ids, clicks): look the rows up, compute their
+    gradient here, and push it to the slices, where only those rows change.
+
+    ps_device (TensorFlow's replica_device_setter) places variables round-robin over the ps, one
+    variable op at a time: the tables are made first, so slice p of each table is on ps p.
+    push: the (gradient, slice) pairs; a gradient is a tf.IndexedSlices, the rows' ids and
+    values, unless --dense_gradients makes it a tensor as big as its slice.
+    """
+    with tf.compat.v1.device(ps_device(args, cluster)):
+        with sharded_over_the_ps(cluster):  # a slice per ps: PartitionedVariables
+            global_params = model_params(args.rows, args.dim, args.seed)
+        global_step = tf.compat.v1.train.get_or_create_global_step()
+        loss = model_loss_and_accuracy(global_params, ids, clicks)[0]
+        sgd = tf.compat.v1.train.GradientDescentOptimizer(args.learning_rate)
+        push = sgd.compute_gradients(loss)  # one pair per slice: the gradient of its rows
+        if args.dense_gradients:  # what densifying does: every row of the slice, mostly zeros
+            push = [(tf.convert_to_tensor(g), part) for g, part in push]
+        apply = sgd.apply_gradients(push, global_step=global_step)  # on each slice's ps
+        with tf.control_dependencies([apply]):
+            step = global_step.read_value()  # one update; its value: the global step after it
+    return SparseSGD(global_params, global_step, loss, step, push)
+
+
+# --- The training loop ----------------------------------------------------------------------------
+def train(args, cluster, server):
+    data = make_clicks(args.rows)
+    ids, clicks = training_batches(data, args.batch_size, args.task_index,
+                                   len(cluster["worker"]), args.seed)  # on this worker
+    sgd = build_sparse_sgd(args, cluster, ids, clicks)
+    log = TrainingLog(args, cluster, sgd.global_params, data)
+    with tf.compat.v1.device("/job:worker/task:%d" % args.task_index):
+        test_logits = model_loss_and_accuracy(sgd.global_params, data.x_test, data.y_test)[2]
+        test_auc, best_auc = auc(test_logits, data.y_test), auc(data.best_scores, data.y_test)
+    session = log.start(server)
+    while log.step < args.steps:  # the global step, as this worker's last update left it
+        log.after_update(session, *session.run([sgd.loss, sgd.step]))
+    return log.end(session, test_auc=test_auc, best_auc=best_auc, rows=args.rows, dim=args.dim,
+                   gradients="dense" if args.dense_gradients else "sparse")
+
+
+def auc(scores, clicks):
+    """Area under the ROC curve: the chance that a click scores above a non-click (from the
+    ranks of the scores; 0.5 is chance, 1 a perfect ranking)."""
+    ranks = tf.cast(tf.argsort(tf.argsort(scores)), tf.float64) + 1.0
+    clicks = tf.cast(clicks, tf.float64)
+    positives = tf.reduce_sum(clicks)
+    negatives = tf.cast(tf.size(clicks), tf.float64) - positives
+    return (tf.reduce_sum(ranks * clicks) - positives * (positives + 1) / 2) / (
+        positives * negatives)
+
+
+def main(argv=None):
+    args = parse_flags(argv, example_flags)  # bad input fails here, before TensorFlow loads
+    if args.data_path:
+        fail("--data_path: this example makes its own clicks; replace make_clicks with yours")
+    return run_task(args, resolve_cluster(args), train)
+
+
+# ==================================================================================================
+# Plumbing shared by every example (you need not read below)
+# ==================================================================================================
+# What a task of a cluster needs besides its algorithm, in this order; the same text in every
+# train.py that runs on a ps (a test keeps the copies equal):
+#   1. flags, and the cluster from them or from TF_CONFIG          parse_flags, resolve_cluster,
+#                                                                  check_cluster
+#   2. variables on the ps (whole, or cut into a slice per ps),
+#      every other op on this worker                              ps_device, sharded_over_the_ps
+#   3. this task's server; a failure ends the task in one line    run_task, fail, cause
+#   4. the start-up barrier: a worker waits for the ps to answer  wait_for, is_listening
+#   5. ending the ps, which TensorFlow's server never does itself serve
+#   6. the session on the ps and this worker only; the chief
+#      initialises or restores the variables, the others wait     TrainingLog.start
+#   7. progress lines; the chief's test accuracy, checkpoints and
+#      TensorBoard summaries                                      after_update, evaluate
+#   8. the end: the chief waits for the others, names any it
+#      lost, and prints the summary line                          end, print_summary
+# >>> shared: flags
+def fail(message):
+    """One line on stderr and exit status 2: for bad input and lost peers, never for bugs."""
+    print("error: " + message, file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
+def parse_flags(argv, example_flags, distributed=True):
+    """The flags every example shares, then the example's own; bad values fail here."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.error = lambda message: fail(message + " (see --help)")
+    common = [
+        ("steps", int, 2000, "mini-batches to train, summed over the workers"),
+        ("batch_size", int, 64, "examples per mini-batch"),
+        ("learning_rate", float, 0.1, "the workers' learning rate"),
+        ("hidden", int, 128, "width of the MLP's hidden layer"),
+        ("data_path", str, "", "your own images: an .npz like mnist.npz (default: digits)"),
+        ("log_dir", str, "", "checkpoints and summaries; one that has them resumes"),
+        ("seed", int, 0, "seed of the initial weights and the shuffling"),
+        ("metrics_file", str, "", "also write the summary here, as JSON"),
+        ("log_every", int, 100, "progress (the chief's: test accuracy) every N local steps"),
+    ]
+    cluster = [
+        ("job_name", str, "", "ps or worker (or set TF_CONFIG)"),
+        ("task_index", int, 0, "this task's index in its job"),
+        ("ps_hosts", str, "", "comma-separated host:port of the ps tasks"),
+        ("worker_hosts", str, "", "comma-separated host:port of the workers"),
+        ("connect_timeout", float, 60, "seconds to wait for the other tasks"),
+    ]
+    for flag, kind, default, text in common + (cluster if distributed else []):
+        p.add_argument("--" + flag, type=kind, default=default, help=text)
+    example_flags(p)
+    args = p.parse_args(argv)
+    for flag, value in vars(args).items():
+        if type(value) not in (int, float):
+            continue
+        default = p.get_default(flag)
+        counted = type(default) in (int, float) and default >= 1  # a count, a size or a time
+        if value < 0 or (value == 0 and counted):
+            fail("--%s must be %s, got %s" % (flag, "positive" if counted else "0 or more", value))
+    if not args.log_dir:  # a new folder for every run, beside this file
+        run_name = time.strftime("%Y%m%d-%H%M%S-") + str(os.getpid())
+        args.log_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "logs", run_name)
+    return args
+# <<< shared: flags
+
+
+# >>> shared: tasks
+def check_cluster(cluster, job, index):
+    """Every address is host:port, the job is one of the cluster's, the index is in range."""
+    for name, hosts in cluster.items():
+        for address in hosts:
+            host, _, port = str(address).rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                fail("%s hosts: %r is not host:port (for example localhost:2222)"
+                     % (name, address))
+    if job not in cluster:
+        fail("unknown job name %r: use %s" % (job, " or ".join(cluster)))
+    if not 0 <= index < len(cluster[job]):
+        fail("task index %d is out of range: the %s job has %d task(s), 0..%d"
+             % (index, job, len(cluster[job]), len(cluster[job]) - 1))
+
+
+def cause(error):
+    """The line of a TensorFlow error that says what went wrong (not where, nor the trace)."""
+    lines = [line for line in error.message.splitlines()
+             if line.strip() and not line.startswith((" ", "\t", "Node: "))]
+    return lines[-1] if lines else type(error).__name__
+
+
+def is_listening(address):
+    try:
+        socket.create_connection(address.rsplit(":", 1), timeout=1).close()
+    except OSError:
+        return False
+    return True
+
+
+def wait_for(condition, seconds=float("inf")):
+    """Whether condition() came true within seconds (it is checked four times a second)."""
+    deadline = time.time() + seconds
+    while not condition():
+        if time.time() > deadline:
+            return False
+        time.sleep(0.25)  # the pace of the checks
+    return True
+# <<< shared: tasks
+
+
+# >>> shared: summary
+def print_summary(role, summary, history, metrics_file):
+    """The summary line, key=value ...; with --metrics_file also as JSON, with the history of the
+    test accuracy ([seconds, global step, accuracy] per evaluation)."""
+    def text(value):
+        if isinstance(value, list):
+            return ",".join(str(v) for v in value)
+        if isinstance(value, float):
+            return "%.6g" % value
+        return str(value)
+    fields = " ".join("%s=%s" % (key, text(value)) for key, value in summary.items())
+    print("[%s] summary %s" % (role, fields), flush=True)
+    if metrics_file:
+        with open(metrics_file, "w") as f:
+            json.dump(dict(summary, history=history), f, indent=1)
+# <<< shared: summary
+
+
+# >>> shared: cluster and session
+def resolve_cluster(args):
+    """The cluster from the flags, or else from TF_CONFIG as operators write it: a "chief" or
+    "master" becomes worker 0, an "evaluator" has nothing to do. Sets job_name and task_index."""
+    job, index = args.job_name, args.task_index
+    if job or args.ps_hosts or args.worker_hosts or "TF_CONFIG" not in os.environ:
+        if not args.ps_hosts or not args.worker_hosts:
+            fail("give --ps_hosts and --worker_hosts (or set TF_CONFIG)")
+        cluster = {"ps": args.ps_hosts.replace(" ", "").split(","),
+                   "worker": args.worker_hosts.replace(" ", "").split(",")}
+    else:
+        try:
+            config = json.loads(os.environ["TF_CONFIG"])
+            spec, job = config["cluster"], config["task"]["type"]
+            index = int(config["task"].get("index") or 0)
+            chief = list(spec.get("chief", [])) + list(spec.get("master", []))
+            cluster = {"ps": list(spec["ps"]), "worker": chief + list(spec.get("worker", []))}
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            fail("TF_CONFIG is not valid cluster JSON (%s: %s)" % (type(e).__name__, e))
+        if job in ("chief", "master"):
+            job, index = "worker", 0
+        elif job == "worker":
+            index += len(chief)  # the workers come after the chief
+        elif job == "evaluator":
+            print("[evaluator] nothing to do: the chief evaluates", flush=True)
+            sys.exit(0)
+    check_cluster(cluster, job, index)
+    args.job_name, args.task_index = job, index
+    return cluster
+
+
+def ps_device(args, cluster):
+    """Where a worker's ops go: every variable made under this device function to a ps task
+    (whole variables, round-robin over several ps), every other op to this worker."""
+    return tf.compat.v1.train.replica_device_setter(
+        cluster=tf.compat.v1.train.ClusterSpec(cluster),
+        worker_device="/job:worker/task:%d" % args.task_index)
+
+
+def sharded_over_the_ps(cluster, shard=True):
+    """A variable scope in which each variable made is cut into one slice per ps task (along its
+    first axis), so that every ps holds, and every ps link carries, an equal share of its bytes:
+    ps_device alone places whole variables, and one large matrix then loads one ps. Optimizers
+    update the slices; the model reads each variable whole. shard=False: a scope that changes
+    nothing."""
+    partitioner = tf.compat.v1.fixed_size_partitioner(len(cluster["ps"])) if shard else None
+    return tf.compat.v1.variable_scope(tf.compat.v1.get_variable_scope(), partitioner=partitioner)
+
+
+def run_task(args, cluster, train):
+    """Start this task's server, then serve (a ps) or train (a worker)."""
+    global tf  # loaded only now: bad input has failed in one line, without TensorFlow's start-up
+    job, index = args.job_name, args.task_index
+    address = cluster[job][index]
+    if is_listening(address):  # in one line here, rather than deep inside gRPC
+        fail("%s %d: port %s is already in use: by an earlier run?" % (job, index, address))
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before the import: no C++ info lines
+    import tensorflow as tf
+    tf.compat.v1.disable_eager_execution()
+    tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)
+    one_thread = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1)  # cores for the others
+    server = tf.compat.v1.train.Server(cluster, job_name=job, task_index=index, config=one_thread)
+    try:
+        if job == "ps":
+            return serve(index, cluster, args.connect_timeout)
+        if not wait_for(lambda: all(is_listening(ps) for ps in cluster["ps"]),
+                        args.connect_timeout):
+            fail("cannot reach the ps at %s: is it running?" % ",".join(cluster["ps"]))
+        return train(args, cluster, server)
+    except tf.errors.OpError as e:
+        fail("%s %d stopped: %s: %s" % (job, index, type(e).__name__, cause(e)))
+
+
+def serve(index, cluster, connect_timeout):
+    """A ps serves until every worker's port has opened and closed again (one that has not opened
+    within connect_timeout seconds counts as gone). The chief closes last."""
+    workers, seen = cluster["worker"], set()
+    deadline = time.time() + connect_timeout
+    print("[ps%d] serving %d worker(s) at %s" % (index, len(workers), cluster["ps"][index]),
+          flush=True)
+
+    def all_gone():
+        listening = {w for w in workers if is_listening(w)}
+        seen.update(listening)
+        return not listening and (len(seen) == len(workers) or time.time() > deadline)
+    wait_for(all_gone)
+    print("[ps%d] all %d worker(s) gone; shutting down" % (index, len(workers)), flush=True)
+    return 0
+
+
+class TrainingLog(object):
+    """A worker's session, progress lines and end; the chief's checkpoints, test accuracy,
+    TensorBoard summaries and summary line. Each worker writes its local step count into a
+    vector on ps 0 as it finishes: the chief waits for every worker to write, or to close its
+    port without writing (lost)."""
+
+    def __init__(self, args, cluster, params, data, steps_per_update=1):
+        self.args, self.cluster, self.steps_per_update = args, cluster, steps_per_update
+        self.role = "worker%d" % args.task_index
+        self.is_chief = args.task_index == 0
+        self.global_step = tf.compat.v1.train.get_or_create_global_step()
+        with tf.compat.v1.device("/job:worker/task:%d" % args.task_index):
+            x_test = scale(data.x_test, data.pixel_max)
+            self.test_accuracy = model_loss_and_accuracy(params, x_test, data.y_test)[1]
+            self.loss = tf.compat.v1.placeholder(tf.float32, [], name="loss")
+            self.summaries = tf.compat.v1.summary.merge([
+                tf.compat.v1.summary.scalar("test_accuracy", self.test_accuracy),
+                tf.compat.v1.summary.scalar("loss", self.loss)])
+        # each worker's local steps once it has finished, -1 before; never checkpointed
+        with tf.compat.v1.device("/job:ps/task:0"):
+            self.finished = tf.compat.v1.Variable(np.full(len(cluster["worker"]), -1),
+                                                  dtype=tf.int64, collections=[], name="finished")
+        self.my_local_steps = tf.compat.v1.placeholder(tf.int64, [1])
+        self.write_finished = tf.compat.v1.scatter_update(self.finished, [args.task_index],
+                                                          self.my_local_steps)
+        self.local_steps, self.last_loss, self.history = 0, float("nan"), []
+        self.last_checkpoint = 0.0  # when the chief last saved one
+
+    def start(self, server):
+        """The session, once the chief has restored (from --log_dir) or initialised the ps."""
+        args = self.args
+        self.saver = tf.compat.v1.train.Saver()  # the global variables, all made by now
+        local_init = tf.compat.v1.local_variables_initializer()
+        if self.is_chief:
+            global_init = tf.compat.v1.global_variables_initializer()
+        else:
+            global_variables = tf.compat.v1.global_variables()
+            not_ready = tf.compat.v1.report_uninitialized_variables(global_variables)
+        tf.compat.v1.get_default_graph().finalize()  # a loop that adds ops would grow forever
+        # filter devices, or the session waits for every worker to answer, even those that left
+        session = tf.compat.v1.Session(server.target, config=tf.compat.v1.ConfigProto(
+            device_filters=["/job:ps", "/job:worker/task:%d" % args.task_index],
+            intra_op_parallelism_threads=1))
+        if self.is_chief:
+            print("[worker0] chief: log_dir=%s" % args.log_dir, flush=True)
+            self.writer = tf.compat.v1.summary.FileWriter(args.log_dir, session.graph)
+            session.run(self.finished.initializer)
+            checkpoint = tf.train.latest_checkpoint(args.log_dir)
+            if checkpoint:
+                self.saver.restore(session, checkpoint)
+                print("[worker0] resuming from the checkpoint at global step %d"
+                      % session.run(self.global_step), flush=True)
+            else:
+                session.run(global_init)
+        elif not wait_for(lambda: len(session.run(not_ready)) == 0, args.connect_timeout):
+            fail("%s: the chief has not set the variables up after %g s"
+                 % (self.role, args.connect_timeout))
+        session.run(local_init)
+        self.step = self.start_step = int(session.run(self.global_step))
+        self.started = time.time()
+        self.progress_steps, self.progress_time = 0, self.started  # at the last progress line
+        print("[%s] training started" % self.role, flush=True)
+        return session
+
+    def after_update(self, session, loss, global_step):
+        """Count the update; every --log_every local steps a progress line (the chief evaluates)."""
+        self.step, self.last_loss = int(global_step), float(loss)
+        before = self.local_steps
+        self.local_steps += self.steps_per_update
+        if before // self.args.log_every == self.local_steps // self.args.log_every:
+            return
+        rate = (self.local_steps - self.progress_steps) / (time.time() - self.progress_time)
+        line = "[%s] local_step=%d global_step=%d loss=%.4f" % (
+            self.role, self.local_steps, self.step, loss)
+        if self.is_chief:
+            line += " test_accuracy=%.4f" % self.evaluate(session, self.step)
+        print(line + " steps_per_sec=%.1f" % rate, flush=True)
+        self.progress_steps, self.progress_time = self.local_steps, time.time()
+
+    def evaluate(self, session, global_step, checkpoint=False):
+        """The chief's test accuracy, also to TensorBoard, after a checkpoint (one per 30 s)."""
+        if checkpoint or time.time() > self.last_checkpoint + 30:
+            self.saver.save(session, os.path.join(self.args.log_dir, "model.ckpt"), global_step)
+            self.last_checkpoint = time.time()
+        accuracy, summaries = session.run([self.test_accuracy, self.summaries],
+                                          {self.loss: self.last_loss})
+        self.writer.add_summary(summaries, global_step)
+        self.history.append([round(time.time() - self.started, 3), global_step, float(accuracy)])
+        return float(accuracy)
+
+    def end(self, session, minibatches_per_update=1, **extra):
+        """This worker is done; the chief waits for the others and prints the summary, with the
+        example's extra fields (values, or tensors that it reads now)."""
+        session.run(self.write_finished, {self.my_local_steps: [self.local_steps]})
+        if self.is_chief:
+            workers = self.cluster["worker"]
+
+            def all_finished_or_gone():
+                written = session.run(self.finished)
+                return all(n >= 0 or not is_listening(w) for w, n in zip(workers, written))
+            wait_for(all_finished_or_gone)
+            local_steps = [int(n) for n in session.run(self.finished)]  # read after the wait
+            lost = [w for w, n in enumerate(local_steps) if n < 0]
+            if lost:
+                print("[worker0] worker(s) %s failed or were lost" % ",".join(map(str, lost)))
+            step = int(session.run(self.global_step))
+            seconds = time.time() - self.started
+            rate = (step - self.start_step) * minibatches_per_update / seconds
+            accuracy = self.evaluate(session, step, checkpoint=True)  # of the last checkpoint
+            summary = dict(example=EXAMPLE, test_accuracy=accuracy,
+                           global_step=step, workers=len(workers), ps=len(self.cluster["ps"]),
+                           lost_workers=len(lost), local_steps=local_steps,
+                           updates=step - self.start_step, steps_per_sec=rate,
+                           examples_per_sec=rate * self.args.batch_size)
+            for key, value in extra.items():
+                summary[key] = float(session.run(value)) if tf.is_tensor(value) else value
+            print_summary(self.role, summary, self.history, self.args.metrics_file)
+            self.writer.close()
+        session.close()
+        print("[%s] done: local_steps=%d" % (self.role, self.local_steps), flush=True)
+        return 0
+# <<< shared: cluster and session
+
+
+if __name__ == "__main__":
+    sys.exit(main())
