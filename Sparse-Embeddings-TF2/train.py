@@ -254,7 +254,7 @@ def main(argv=None):
 # What a task of a TensorFlow 2 cluster needs besides its algorithm, in this order; the same text
 # in every TensorFlow 2 train.py (a test keeps the copies equal):
 #   1. flags, and the cluster from them or from TF_CONFIG          parse_flags, tf2_cluster,
-#                                                                  check_cluster
+#                                                                  check_cluster, positive_seconds
 #   2. TensorFlow loads after the checks; a failure ends the task
 #      in one line                                                start_tensorflow, run_and_exit,
 #                                                                  fail, cause
@@ -269,6 +269,14 @@ def fail(message):
     """One line on stderr and exit status 2: for bad input and lost peers, never for bugs."""
     print("error: " + message, file=sys.stderr, flush=True)
     sys.exit(2)
+
+
+def positive_seconds(text):
+    """A flag's value in seconds, more than 0 (a flag whose default, None, is settled later)."""
+    seconds = float(text)
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError("must be positive, got %s" % text)
+    return seconds
 
 
 def parse_flags(argv, example_flags, distributed=True):
@@ -292,7 +300,8 @@ def parse_flags(argv, example_flags, distributed=True):
         ("task_index", int, 0, "this task's index in its job"),
         ("ps_hosts", str, "", "comma-separated host:port of the ps tasks"),
         ("worker_hosts", str, "", "comma-separated host:port of the workers"),
-        ("connect_timeout", float, 60, "seconds to wait for the other tasks"),
+        ("connect_timeout", positive_seconds, None, "seconds to wait for the other tasks; if "
+         "not given, 60, or 600 under TF_CONFIG (a cluster's pods may start minutes apart)"),
     ]
     for flag, kind, default, text in common + (cluster if distributed else []):
         p.add_argument("--" + flag, type=kind, default=default, help=text)
@@ -343,12 +352,16 @@ def is_listening(address):
     return True
 
 
-def wait_for(condition, seconds=float("inf")):
-    """Whether condition() came true within seconds (it is checked four times a second)."""
-    deadline = time.time() + seconds
+def wait_for(condition, seconds=float("inf"), waiting=None):
+    """Whether condition() came true within seconds (it is checked four times a second). If the
+    wait is long, waiting() says every 30 s what this task waits for: a line a user can act on."""
+    started = last_line = time.time()
     while not condition():
-        if time.time() > deadline:
+        if time.time() > started + seconds:
             return False
+        if waiting and time.time() > last_line + 30:
+            print("%s (%.0f s so far)" % (waiting(), time.time() - started), flush=True)
+            last_line = time.time()
         time.sleep(0.25)  # the pace of the checks
     return True
 # <<< shared: tasks
@@ -376,10 +389,14 @@ def print_summary(role, summary, history, metrics_file):
 def tf2_cluster(args, jobs):
     """The cluster from the flags, or else from TF_CONFIG; jobs: the job names this example uses
     (its JOBS). Writes the result into TF_CONFIG, where the strategies read it, and sets
-    args.job_name and args.task_index."""
+    args.job_name and args.task_index, and connect_timeout if not given: 60 s, or 600 s under
+    TF_CONFIG."""
     given = {"chief": getattr(args, "chief_host", ""), "worker": args.worker_hosts,
              "ps": args.ps_hosts}
-    if args.job_name or any(given.values()) or "TF_CONFIG" not in os.environ:
+    from_flags = args.job_name or any(given.values()) or "TF_CONFIG" not in os.environ
+    if args.connect_timeout is None:  # a cluster's pods may start minutes apart
+        args.connect_timeout = 60.0 if from_flags else 600.0
+    if from_flags:
         if not all(given[job] for job in jobs):
             flags = ["--chief_host" if job == "chief" else "--%s_hosts" % job for job in jobs]
             fail("give %s (or set TF_CONFIG)" % " and ".join(flags))
@@ -388,11 +405,22 @@ def tf2_cluster(args, jobs):
     else:
         try:
             config = json.loads(os.environ["TF_CONFIG"])
-            cluster = {job: list(config["cluster"][job]) for job in jobs}
+            spec = dict(config["cluster"])
             job, index = config["task"]["type"], int(config["task"].get("index") or 0)
+            if "chief" in spec and "chief" not in jobs:  # a chief of workers is worker 0
+                chief = list(spec.pop("chief"))
+                spec["worker"] = chief + list(spec.get("worker", []))
+                if job == "chief":
+                    job, index = "worker", 0
+                elif job == "worker":
+                    index += len(chief)  # the workers come after the chief
+            cluster = {name: list(spec[name]) for name in jobs}
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             fail("TF_CONFIG is not valid cluster JSON for %s (%s: %s)"
                  % ("/".join(jobs), type(e).__name__, e))
+        if job == "evaluator":
+            fail("an evaluator task is not needed here: the %s evaluates; remove it from "
+                 "TF_CONFIG" % ("chief" if "chief" in jobs else "worker 0"))
     check_cluster(cluster, job, index)
     os.environ["TF_CONFIG"] = json.dumps({"cluster": cluster,
                                           "task": {"type": job, "index": index}})
