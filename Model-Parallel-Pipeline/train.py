@@ -160,8 +160,8 @@ def build_pipeline(args, devices, x, y):
     """One synchronous step of the model split over devices (a stage each), on the mini-batch
     (x, y) cut into --micro_batches micro-batches. Returns the layers (their variables on their
     stage's device), the loss, the accumulated gradients and the update."""
-    sizes, stages, micro_batches = layer_sizes(int(x.shape[1]), args), len(devices), \
-        args.micro_batches
+    sizes = layer_sizes(int(x.shape[1]), args)
+    stages, micro_batches = len(devices), args.micro_batches
     stage_of = stage_of_each_layer(sizes, stages)
     layers = []
     for i, stage in enumerate(stage_of):
