@@ -169,9 +169,6 @@ def train(args, cluster, target):
     """The client's loop: one graph, run on this process alone or on the cluster (target)."""
     data = load_dataset(args.data_path)
     devices, controller = run_devices(args, cluster)  # a tower on each device
-    if args.batch_size % len(devices):
-        fail("--batch_size %d cannot be split over %d towers: give a multiple of %d"
-             % (args.batch_size, len(devices), len(devices)))
     with tf.compat.v1.device(controller):  # one input pipeline, on the controller
         x, y = training_batches(data, args.batch_size, 0, 1, args.seed)
     towers = build_towers(args, devices, controller, x, y)
@@ -187,7 +184,12 @@ def train(args, cluster, target):
 
 def main(argv=None):
     args = parse_flags(argv, example_flags)  # bad input fails here, before TensorFlow loads
-    return run_task(args, resolve_workers(args), train)
+    cluster = resolve_workers(args)
+    towers = args.devices * (len(cluster["worker"]) if cluster else 1)
+    if args.batch_size % towers:
+        fail("--batch_size %d cannot be split over %d towers: give a multiple of %d"
+             % (args.batch_size, towers, towers))
+    return run_task(args, cluster, train)
 
 
 # ==================================================================================================

@@ -256,12 +256,6 @@ def train(args, cluster, target):
     """The client's loop: one graph, run on this process alone or on the cluster (target)."""
     data = load_dataset(args.data_path)
     devices, controller = run_devices(args, cluster)  # a stage on each device
-    if args.batch_size % args.micro_batches:
-        fail("--batch_size %d cannot be cut into %d micro-batches: give a multiple of %d"
-             % (args.batch_size, args.micro_batches, args.micro_batches))
-    if len(devices) > args.layers + 1:
-        fail("%d stages for %d layers: give --layers %d or more"
-             % (len(devices), args.layers + 1, len(devices) - 1))
     with tf.compat.v1.device(controller):  # the input pipeline, at the first stage
         x, y = training_batches(data, args.batch_size, 0, 1, args.seed)
     pipeline = build_pipeline(args, devices, x, y)
@@ -278,7 +272,15 @@ def train(args, cluster, target):
 
 def main(argv=None):
     args = parse_flags(argv, example_flags)  # bad input fails here, before TensorFlow loads
-    return run_task(args, resolve_workers(args), train)
+    cluster = resolve_workers(args)
+    stages = args.devices * (len(cluster["worker"]) if cluster else 1)
+    if args.batch_size % args.micro_batches:
+        fail("--batch_size %d cannot be cut into %d micro-batches: give a multiple of %d"
+             % (args.batch_size, args.micro_batches, args.micro_batches))
+    if stages > args.layers + 1:  # every stage needs a layer: --layers hidden, and the logits
+        fail("%d stages for %d layers: give --layers %d or more"
+             % (stages, args.layers + 1, stages - 1))
+    return run_task(args, cluster, train)
 
 
 # ==================================================================================================

@@ -139,13 +139,13 @@ def test_two_devices_train_as_one_process_does_at_the_same_examples_seen(tmp_pat
     losses along the way and the same test accuracy at the end."""
     runs = {}
     for example, extra in (("Non-Distributed-Setup", []), (EXAMPLE, ["--devices", "2"])):
-        code, out, err = run_train(example, ["--steps", "600", "--log_dir",
+        code, out, err = run_train(example, ["--steps", "300", "--log_dir",
                                              str(tmp_path / example)] + extra, timeout=120)
         assert code == 0, err[-2000:]
         runs[example] = out
     losses = {e: [l.split("loss=")[1].split()[0] for l in out.splitlines() if " loss=" in l]
               for e, out in runs.items()}
-    assert len(losses[EXAMPLE]) == 6
+    assert len(losses[EXAMPLE]) == 3
     np.testing.assert_allclose(np.array(losses[EXAMPLE], float),
                                np.array(losses["Non-Distributed-Setup"], float), atol=2e-3)
     accuracies = [float(summary_of(out)["test_accuracy"]) for out in runs.values()]
@@ -198,9 +198,14 @@ def test_a_lost_worker_ends_the_client_in_one_line_and_nothing_is_left(tmp_path)
     assert_nothing_left(str(tmp_path))
 
 
-def test_ctrl_c_stops_every_process(tmp_path):
-    proc = start_example(EXAMPLE, ["--log_dir", str(tmp_path / "logs"), "--steps", "1000000"])
-    read_until(proc, "[worker0] training started", timeout=120)
+def test_three_tasks_of_two_devices_carry_six_towers_and_ctrl_c_stops_them_all(tmp_path):
+    proc = start_example(EXAMPLE, ["--log_dir", str(tmp_path / "logs"), "--steps", "1000000",
+                                   "--devices", "2", "--batch_size", "60"],
+                         env={"NUM_WORKERS": "3"})
+    seen = read_until(proc, "[worker0] global_step=100 ", timeout=120)
+    assert "[worker0] the model on 6 device(s): " + " ".join(
+        "/job:worker/task:%d/device:CPU:%d" % (t, d) for t in range(3) for d in range(2)) in seen
+    assert "[worker2] serving 2 device(s)" in seen
     os.killpg(proc.pid, signal.SIGINT)  # what a terminal sends to the foreground group
     run = finish(proc, timeout=30)
     assert run.code == 130, run.output[-2000:]
