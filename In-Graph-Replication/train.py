@@ -20,7 +20,7 @@ Run it
     python train.py --devices 2      # alone: 2 towers on 2 devices of this process
     bash run.sh                      # 2 worker tasks on localhost, a tower on each; worker 0
                                      # is the client, worker 1 only serves its device
-    NUM_WORKERS=3 bash run.sh --devices 2      # 3 tasks of 2 devices each: 6 towers
+    NUM_WORKERS=3 bash run.sh --devices 2 --batch_size 60   # 3 tasks x 2 devices: 6 towers
     By hand, one terminal per task (the same flags but the index):
       H="--worker_hosts h0:2222,h1:2222"
       python train.py --task_index 1 $H       # on h1: serves until worker 0 is done
