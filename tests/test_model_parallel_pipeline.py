@@ -86,6 +86,31 @@ def test_the_micro_batches_are_different_slices_of_the_mini_batch():
     assert all(not rows[i] & rows[j] for i in range(4) for j in range(i + 1, 4))
 
 
+def ancestors(op):
+    """Every op that op waits for, through its inputs and control inputs."""
+    seen, todo = set(), [op]
+    while todo:
+        current = todo.pop()
+        for before in [t.op for t in current.inputs] + list(current.control_inputs):
+            if before.name not in seen:
+                seen.add(before.name)
+                todo.append(before)
+    return seen
+
+
+def test_a_stage_waits_for_its_own_previous_micro_batch_and_never_for_the_next_stage():
+    module, args, graph, pipeline, init = pipeline_graph("--devices", "2", "--micro_batches", "4")
+
+    def first_op(stage, m):  # where the stage takes the micro-batch in
+        return graph.get_operation_by_name("stage%d/micro%d/Identity" % (stage, m))
+    for m in range(1, 4):
+        waits_for = ancestors(first_op(0, m))
+        assert any(n.startswith("stage0/micro%d/" % (m - 1)) for n in waits_for)  # GPipe's order
+        # the pipeline: stage 0 may take micro-batch m while stage 1 still works on m - 1
+        assert not any(n.startswith("stage1/") for n in waits_for), m
+        assert any(n.startswith("stage0/micro%d/" % m) for n in ancestors(first_op(1, m)))
+
+
 def test_each_layer_lives_and_works_on_its_stages_task():
     import tensorflow as tf
     module = load_train_module(EXAMPLE)
