@@ -245,13 +245,14 @@ def main(argv=None):
 #      every other op on this worker                              ps_device, sharded_over_the_ps
 #   3. this task's server; a failure ends the task in one line    run_task, fail, cause
 #   4. the start-up barrier: a worker waits for the ps to answer  wait_for, is_listening
-#   5. ending the ps, which TensorFlow's server never does itself serve
+#   5. ending the ps when the chief says the run is over (a
+#      TensorFlow server never ends by itself)                    serve, run_over_flag
 #   6. the session on the ps and this worker only; the chief
 #      initialises or restores the variables, the others wait     TrainingLog.start
 #   7. progress lines; the chief's test accuracy, checkpoints and
 #      TensorBoard summaries                                      after_update, evaluate
 #   8. the end: the chief waits for the others, names any it
-#      lost, and prints the summary line                          end, print_summary
+#      lost, prints the summary line and ends the run             end, print_summary
 # >>> shared: flags
 def fail(message):
     """One line on stderr and exit status 2: for bad input and lost peers, never for bugs."""
@@ -280,7 +281,8 @@ def parse_flags(argv, example_flags, distributed=True):
         ("task_index", int, 0, "this task's index in its job"),
         ("ps_hosts", str, "", "comma-separated host:port of the ps tasks"),
         ("worker_hosts", str, "", "comma-separated host:port of the workers"),
-        ("connect_timeout", float, 60, "seconds to wait for the other tasks"),
+        ("connect_timeout", float, None, "seconds to wait for the other tasks; if not given, "
+         "60, or 600 under TF_CONFIG (a cluster's pods may start minutes apart)"),
     ]
     for flag, kind, default, text in common + (cluster if distributed else []):
         p.add_argument("--" + flag, type=kind, default=default, help=text)
@@ -290,7 +292,7 @@ def parse_flags(argv, example_flags, distributed=True):
         if type(value) not in (int, float):
             continue
         default = p.get_default(flag)
-        counted = type(default) in (int, float) and default >= 1  # a count, a size or a time
+        counted = default is None or default >= 1  # a count, a size or a time (None: set later)
         if value < 0 or (value == 0 and counted):
             fail("--%s must be %s, got %s" % (flag, "positive" if counted else "0 or more", value))
     if not args.log_dir:  # a new folder for every run, beside this file
@@ -331,12 +333,16 @@ def is_listening(address):
     return True
 
 
-def wait_for(condition, seconds=float("inf")):
-    """Whether condition() came true within seconds (it is checked four times a second)."""
-    deadline = time.time() + seconds
+def wait_for(condition, seconds=float("inf"), waiting=None):
+    """Whether condition() came true within seconds (it is checked four times a second). If the
+    wait is long, waiting() says every 30 s what this task waits for: a line a user can act on."""
+    started = last_line = time.time()
     while not condition():
-        if time.time() > deadline:
+        if time.time() > started + seconds:
             return False
+        if waiting and time.time() > last_line + 30:
+            print("%s (%.0f s so far)" % (waiting(), time.time() - started), flush=True)
+            last_line = time.time()
         time.sleep(0.25)  # the pace of the checks
     return True
 # <<< shared: tasks
@@ -363,9 +369,13 @@ def print_summary(role, summary, history, metrics_file):
 # >>> shared: cluster and session
 def resolve_cluster(args):
     """The cluster from the flags, or else from TF_CONFIG as operators write it: a "chief" or
-    "master" becomes worker 0, an "evaluator" has nothing to do. Sets job_name and task_index."""
+    "master" becomes worker 0, an "evaluator" has nothing to do. Sets job_name and task_index,
+    and connect_timeout if not given: 60 s, or 600 s under TF_CONFIG."""
     job, index = args.job_name, args.task_index
-    if job or args.ps_hosts or args.worker_hosts or "TF_CONFIG" not in os.environ:
+    from_flags = job or args.ps_hosts or args.worker_hosts or "TF_CONFIG" not in os.environ
+    if args.connect_timeout is None:
+        args.connect_timeout = 60.0 if from_flags else 600.0
+    if from_flags:
         if not args.ps_hosts or not args.worker_hosts:
             fail("give --ps_hosts and --worker_hosts (or set TF_CONFIG)")
         cluster = {"ps": args.ps_hosts.replace(" ", "").split(","),
@@ -424,37 +434,49 @@ def run_task(args, cluster, train):
     server = tf.compat.v1.train.Server(cluster, job_name=job, task_index=index, config=one_thread)
     try:
         if job == "ps":
-            return serve(index, cluster, args.connect_timeout)
-        if not wait_for(lambda: all(is_listening(ps) for ps in cluster["ps"]),
-                        args.connect_timeout):
-            fail("cannot reach the ps at %s: is it running?" % ",".join(cluster["ps"]))
+            return serve(index, cluster, server, args.connect_timeout)
+        silent = lambda: [ps for ps in cluster["ps"] if not is_listening(ps)]
+        if not wait_for(lambda: not silent(), args.connect_timeout, waiting=lambda: (
+                "[worker%d] waiting for the ps at %s" % (index, ",".join(silent())))):
+            fail("cannot reach the ps at %s: is it running?" % ",".join(silent()))
         return train(args, cluster, server)
     except tf.errors.OpError as e:
         fail("%s %d stopped: %s: %s" % (job, index, type(e).__name__, cause(e)))
 
 
-def serve(index, cluster, connect_timeout):
-    """A ps serves until every worker's port has opened and closed again (one that has not opened
-    within connect_timeout seconds counts as gone). The chief closes last."""
-    workers, seen = cluster["worker"], set()
-    deadline = time.time() + connect_timeout
-    print("[ps%d] serving %d worker(s) at %s" % (index, len(workers), cluster["ps"][index]),
-          flush=True)
+def run_over_flag(ps_index):
+    """A flag on each ps that the chief raises when the run is over: every worker has finished
+    or is lost. A ps reads its own, so ending needs no other task."""
+    with tf.compat.v1.device("/job:ps/task:%d" % ps_index):
+        return tf.compat.v1.Variable(False, collections=[], name="run_over_%d" % ps_index)
 
-    def all_gone():
-        listening = {w for w in workers if is_listening(w)}
-        seen.update(listening)
-        return not listening and (len(seen) == len(workers) or time.time() > deadline)
-    wait_for(all_gone)
-    print("[ps%d] all %d worker(s) gone; shutting down" % (index, len(workers)), flush=True)
+
+def serve(index, cluster, server, connect_timeout):
+    """A ps serves until the chief says the run is over; TensorFlow's server never ends by
+    itself. A ps whose flag no chief has set up within connect_timeout seconds served no one:
+    it ends with an error. The flag's variable has the same name in every task's graph, so the
+    ps reads the one the chief writes."""
+    with tf.Graph().as_default():
+        run_over = run_over_flag(index)
+        set_up = tf.compat.v1.is_variable_initialized(run_over)
+        session = tf.compat.v1.Session(server.target, config=tf.compat.v1.ConfigProto(
+            device_filters=["/job:ps/task:%d" % index]))  # this ps alone: nothing else to wait for
+    print("[ps%d] serving %d worker(s) at %s" % (index, len(cluster["worker"]),
+                                                 cluster["ps"][index]), flush=True)
+    if not wait_for(lambda: session.run(set_up), connect_timeout, waiting=lambda: (
+            "[ps%d] waiting for the chief (worker0) at %s" % (index, cluster["worker"][0]))):
+        fail("ps%d: no chief came within %g s: this ps served no one" % (index, connect_timeout))
+    wait_for(lambda: session.run(run_over))
+    print("[ps%d] the run is over; shutting down" % index, flush=True)
     return 0
 
 
 class TrainingLog(object):
     """A worker's session, progress lines and end; the chief's checkpoints, test accuracy,
-    TensorBoard summaries and summary line. Each worker writes its local step count into a
-    vector on ps 0 as it finishes: the chief waits for every worker to write, or to close its
-    port without writing (lost)."""
+    TensorBoard summaries and summary line. The run's record on ps 0 says which workers have
+    started and each one's local steps once it has finished: at the end the chief waits for
+    every worker to finish, or to close its port after starting (lost), or not to start at all
+    within --connect_timeout; then it raises every ps's run-over flag."""
 
     def __init__(self, args, cluster, params, data, steps_per_update=1):
         self.args, self.cluster, self.steps_per_update = args, cluster, steps_per_update
@@ -468,18 +490,31 @@ class TrainingLog(object):
             self.summaries = tf.compat.v1.summary.merge([
                 tf.compat.v1.summary.scalar("test_accuracy", self.test_accuracy),
                 tf.compat.v1.summary.scalar("loss", self.loss)])
-        # each worker's local steps once it has finished, -1 before; never checkpointed
+        # the run's record, never checkpointed: 1 for each worker that has started training, and
+        # each worker's local steps once it has finished (-1 before)
         with tf.compat.v1.device("/job:ps/task:0"):
-            self.finished = tf.compat.v1.Variable(np.full(len(cluster["worker"]), -1),
-                                                  dtype=tf.int64, collections=[], name="finished")
+            workers = len(cluster["worker"])
+            self.workers_started = tf.compat.v1.Variable(np.zeros(workers), dtype=tf.int64,
+                                                         collections=[], name="started")
+            self.finished = tf.compat.v1.Variable(np.full(workers, -1), dtype=tf.int64,
+                                                  collections=[], name="finished")
+        self.write_started = tf.compat.v1.scatter_update(self.workers_started,
+                                                         [args.task_index], [1])
         self.my_local_steps = tf.compat.v1.placeholder(tf.int64, [1])
         self.write_finished = tf.compat.v1.scatter_update(self.finished, [args.task_index],
                                                           self.my_local_steps)
+        run_over = [run_over_flag(k) for k in range(len(cluster["ps"]))]
+        self.end_run = tf.group([flag.assign(True) for flag in run_over])
+        if self.is_chief:  # a restarted chief sets up only what is not yet there
+            self.record = [(tf.compat.v1.is_variable_initialized(v), v.initializer)
+                           for v in [self.workers_started, self.finished] + run_over]
         self.local_steps, self.last_loss, self.history = 0, float("nan"), []
         self.last_checkpoint = 0.0  # when the chief last saved one
 
-    def start(self, server):
-        """The session, once the chief has restored (from --log_dir) or initialised the ps."""
+    def start(self, server, wait_for_everyone=False):
+        """The session, once the chief has restored (from --log_dir) or initialised the ps; with
+        wait_for_everyone (a synchronous example, whose every round needs every worker), once
+        every worker has started as well, however far apart the tasks start."""
         args = self.args
         self.saver = tf.compat.v1.train.Saver()  # the global variables, all made by now
         local_init = tf.compat.v1.local_variables_initializer()
@@ -496,7 +531,9 @@ class TrainingLog(object):
         if self.is_chief:
             print("[worker0] chief: log_dir=%s" % args.log_dir, flush=True)
             self.writer = tf.compat.v1.summary.FileWriter(args.log_dir, session.graph)
-            session.run(self.finished.initializer)
+            for is_set_up, initializer in self.record:
+                if not session.run(is_set_up):
+                    session.run(initializer)
             checkpoint = tf.train.latest_checkpoint(args.log_dir)
             if checkpoint:
                 self.saver.restore(session, checkpoint)
@@ -504,10 +541,19 @@ class TrainingLog(object):
                       % session.run(self.global_step), flush=True)
             else:
                 session.run(global_init)
-        elif not wait_for(lambda: len(session.run(not_ready)) == 0, args.connect_timeout):
+        elif not wait_for(lambda: len(session.run(not_ready)) == 0, args.connect_timeout,
+                          waiting=lambda: "[%s] waiting for the chief (worker0) to set up the "
+                                          "variables" % self.role):
             fail("%s: the chief has not set the variables up after %g s"
                  % (self.role, args.connect_timeout))
         session.run(local_init)
+        session.run(self.write_started)
+        absent = lambda: [k for k, s in enumerate(session.run(self.workers_started)) if not s]
+        if wait_for_everyone and not wait_for(lambda: not absent(), args.connect_timeout,
+                                              waiting=lambda: "[%s] waiting for worker(s) %s to "
+                                              "start" % (self.role, ",".join(map(str, absent())))):
+            fail("%s: worker(s) %s did not start within %g s, and every round needs every "
+                 "worker" % (self.role, ",".join(map(str, absent())), args.connect_timeout))
         self.step = self.start_step = int(session.run(self.global_step))
         self.started = time.time()
         self.progress_steps, self.progress_time = 0, self.started  # at the last progress line
@@ -545,16 +591,26 @@ class TrainingLog(object):
         example's extra fields (values, or tensors that it reads now)."""
         session.run(self.write_finished, {self.my_local_steps: [self.local_steps]})
         if self.is_chief:
-            workers = self.cluster["worker"]
+            workers, my_end = self.cluster["worker"], time.time()
 
-            def all_finished_or_gone():
-                written = session.run(self.finished)
-                return all(n >= 0 or not is_listening(w) for w, n in zip(workers, written))
-            wait_for(all_finished_or_gone)
-            local_steps = [int(n) for n in session.run(self.finished)]  # read after the wait
-            lost = [w for w, n in enumerate(local_steps) if n < 0]
+            def still_to_come():  # neither finished, nor lost after starting, nor too late
+                started, finished = session.run([self.workers_started, self.finished])
+                late = time.time() > my_end + self.args.connect_timeout
+                return [k for k, w in enumerate(workers) if finished[k] < 0
+                        and (is_listening(w) if started[k] else not late)]
+            wait_for(lambda: not still_to_come(), waiting=lambda: (
+                "[worker0] waiting for worker(s) %s to finish" % ",".join(
+                    map(str, still_to_come()))))
+            started, finished = session.run([self.workers_started, self.finished])  # after the wait
+            local_steps = [int(n) for n in finished]
+            lost = [k for k, n in enumerate(local_steps) if n < 0 and started[k]]
+            absent = [k for k, n in enumerate(local_steps) if n < 0 and not started[k]]
             if lost:
                 print("[worker0] worker(s) %s failed or were lost" % ",".join(map(str, lost)))
+            if absent:
+                print("[worker0] worker(s) %s never started (waited %g s)"
+                      % (",".join(map(str, absent)), self.args.connect_timeout))
+            lost += absent
             step = int(session.run(self.global_step))
             seconds = time.time() - self.started
             rate = (step - self.start_step) * minibatches_per_update / seconds
@@ -568,6 +624,7 @@ class TrainingLog(object):
                 summary[key] = float(session.run(value)) if tf.is_tensor(value) else value
             print_summary(self.role, summary, self.history, self.args.metrics_file)
             self.writer.close()
+            session.run(self.end_run)  # the ps tasks end now
         session.close()
         print("[%s] done: local_steps=%d" % (self.role, self.local_steps), flush=True)
         return 0

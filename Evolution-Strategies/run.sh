@@ -30,7 +30,7 @@ for ((i = 0; i < NUM_PS; i++)); do start ps $i; done
 for ((i = 0; i < NUM_WORKERS; i++)); do start worker $i; done
 
 # Supervise until every process has ended. A failed ps or chief stops the others (the run cannot
-# go on without them); the ps tasks exit by themselves once the workers are gone (30 s at most).
+# go on without them); the ps tasks exit by themselves when the chief ends the run (30 s at most).
 running() { for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && return 0; done; return 1; }
 stop() {  # TERM every process still running; KILL what is left after 5 s
   kill -TERM "${pids[@]}" 2>/dev/null; for ((t = 0; t < 50; t++)); do running && sleep 0.1; done

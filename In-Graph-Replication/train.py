@@ -203,7 +203,9 @@ def main(argv=None):
 #   2. TensorFlow loads after the checks; this task's server and
 #      its devices; a failure ends the task in one line           run_task, task_config, fail,
 #                                                                  cause
-#   3. the other workers serve the client's graph until it is gone serve, wait_for, is_listening
+#   3. the other workers serve the client's graph until it says
+#      the run is over                                            serve, run_over_flag, wait_for,
+#                                                                  is_listening
 #   4. the devices that carry the model, and the controller        run_devices
 #   5. the client's session, once every worker answers; the
 #      variables initialised or restored                           ClientLog.start
@@ -237,7 +239,8 @@ def parse_flags(argv, example_flags, distributed=True):
         ("task_index", int, 0, "this task's index in its job"),
         ("ps_hosts", str, "", "comma-separated host:port of the ps tasks"),
         ("worker_hosts", str, "", "comma-separated host:port of the workers"),
-        ("connect_timeout", float, 60, "seconds to wait for the other tasks"),
+        ("connect_timeout", float, None, "seconds to wait for the other tasks; if not given, "
+         "60, or 600 under TF_CONFIG (a cluster's pods may start minutes apart)"),
     ]
     for flag, kind, default, text in common + (cluster if distributed else []):
         p.add_argument("--" + flag, type=kind, default=default, help=text)
@@ -247,7 +250,7 @@ def parse_flags(argv, example_flags, distributed=True):
         if type(value) not in (int, float):
             continue
         default = p.get_default(flag)
-        counted = type(default) in (int, float) and default >= 1  # a count, a size or a time
+        counted = default is None or default >= 1  # a count, a size or a time (None: set later)
         if value < 0 or (value == 0 and counted):
             fail("--%s must be %s, got %s" % (flag, "positive" if counted else "0 or more", value))
     if not args.log_dir:  # a new folder for every run, beside this file
@@ -288,12 +291,16 @@ def is_listening(address):
     return True
 
 
-def wait_for(condition, seconds=float("inf")):
-    """Whether condition() came true within seconds (it is checked four times a second)."""
-    deadline = time.time() + seconds
+def wait_for(condition, seconds=float("inf"), waiting=None):
+    """Whether condition() came true within seconds (it is checked four times a second). If the
+    wait is long, waiting() says every 30 s what this task waits for: a line a user can act on."""
+    started = last_line = time.time()
     while not condition():
-        if time.time() > deadline:
+        if time.time() > started + seconds:
             return False
+        if waiting and time.time() > last_line + 30:
+            print("%s (%.0f s so far)" % (waiting(), time.time() - started), flush=True)
+            last_line = time.time()
         time.sleep(0.25)  # the pace of the checks
     return True
 # <<< shared: tasks
@@ -320,11 +327,13 @@ def print_summary(role, summary, history, metrics_file):
 # >>> shared: one client
 def resolve_workers(args):
     """The workers from the flags, or else from TF_CONFIG (a "worker" job, and no ps); None when
-    neither is given: this process runs alone. Sets job_name, task_index and role."""
+    neither is given: this process runs alone. Sets job_name, task_index, role, and
+    connect_timeout if not given: 60 s, or 600 s under TF_CONFIG."""
     job, index = args.job_name or "worker", args.task_index
     if args.ps_hosts:
         fail("this example has no parameter server: give --worker_hosts only")
-    if args.worker_hosts or args.job_name:
+    from_flags = bool(args.worker_hosts or args.job_name)
+    if from_flags:
         if not args.worker_hosts:
             fail("give --worker_hosts (or set TF_CONFIG, or neither to run alone)")
         cluster = {"worker": args.worker_hosts.replace(" ", "").split(",")}
@@ -339,6 +348,8 @@ def resolve_workers(args):
     else:
         args.job_name, args.role = "", "local"
         return None
+    if args.connect_timeout is None:  # a cluster's pods may start minutes apart
+        args.connect_timeout = 60.0 if from_flags else 600.0
     check_cluster(cluster, job, index)
     args.job_name, args.task_index, args.role = job, index, "worker%d" % index
     return cluster
@@ -368,7 +379,7 @@ def run_task(args, cluster, train):
         server = tf.compat.v1.train.Server(cluster, job_name="worker",
                                            task_index=args.task_index, config=task_config(args))
         if args.task_index > 0:
-            return serve(args, cluster)
+            return serve(args, cluster, server)
         return train(args, cluster, server.target)
     except tf.errors.OpError as e:
         lost = isinstance(e, (tf.errors.UnavailableError, tf.errors.DeadlineExceededError))
@@ -379,17 +390,33 @@ def run_task(args, cluster, train):
         os._exit(2)  # the session's threads, stuck on the lost worker, would keep exit() waiting
 
 
-def serve(args, cluster):
-    """A worker other than the client runs what the client's graph places on it, until the
-    client has come and gone (one that has not come within --connect_timeout counts as gone)."""
-    client = cluster["worker"][0]
+def run_over_flag(index):
+    """A flag on worker index that the client raises when the run is over. The variable has the
+    same name in the client's graph and in the worker's, so the worker reads what the client
+    writes, on its own device: ending needs no other task."""
+    with tf.compat.v1.device("/job:worker/task:%d" % index):
+        return tf.compat.v1.Variable(False, collections=[], name="run_over_%d" % index)
+
+
+def serve(args, cluster, server):
+    """A worker other than the client runs what the client's graph places on it until the
+    client says the run is over; TensorFlow's server never ends by itself. A client that is
+    lost or restarts does not end it (a restarted client resumes with the same workers). A
+    worker whose flag no client has set up within --connect_timeout served no one: an error."""
+    index = args.task_index
+    with tf.Graph().as_default():
+        run_over = run_over_flag(index)
+        set_up = tf.compat.v1.is_variable_initialized(run_over)
+        session = tf.compat.v1.Session(server.target, config=tf.compat.v1.ConfigProto(
+            device_filters=["/job:worker/task:%d" % index]))  # itself: nobody else to wait for
     print("[%s] serving %d device(s) at %s for the client, worker 0" % (
-        args.role, args.devices, cluster["worker"][args.task_index]), flush=True)
-    if not wait_for(lambda: is_listening(client), args.connect_timeout):
-        fail("%s: the client (worker 0 at %s) did not come within %g s"
-             % (args.role, client, args.connect_timeout))
-    wait_for(lambda: not is_listening(client))
-    print("[%s] the client is gone; shutting down" % args.role, flush=True)
+        args.role, args.devices, cluster["worker"][index]), flush=True)
+    if not wait_for(lambda: session.run(set_up), args.connect_timeout, waiting=lambda: (
+            "[%s] waiting for the client (worker0) at %s" % (args.role, cluster["worker"][0]))):
+        fail("%s: no client came within %g s: this worker served no one"
+             % (args.role, args.connect_timeout))
+    wait_for(lambda: session.run(run_over))
+    print("[%s] the run is over; shutting down" % args.role, flush=True)
     return 0
 
 
@@ -416,6 +443,9 @@ class ClientLog(object):
             tf.compat.v1.summary.scalar("loss", self.loss)])
         self.step, self.last_loss, self.history = 0, float("nan"), []
         self.last_checkpoint = 0.0  # when the client last saved one
+        others = range(1, len(cluster["worker"])) if cluster else []
+        self.run_over = [run_over_flag(k) for k in others]  # every other worker's own flag
+        self.raise_run_over = [flag.assign(True) for flag in self.run_over]
 
     def start(self, target, devices):
         """The session, once every worker answers; the variables restored from --log_dir or
@@ -425,9 +455,11 @@ class ClientLog(object):
         init = tf.compat.v1.global_variables_initializer()
         tf.compat.v1.get_default_graph().finalize()  # a loop that adds ops would grow forever
         workers = self.cluster["worker"] if self.cluster else []
-        if not wait_for(lambda: all(is_listening(w) for w in workers), args.connect_timeout):
-            fail("%s: cannot reach every worker at %s: are they running?"
-                 % (role, ",".join(workers)))
+        silent = lambda: [w for w in workers if not is_listening(w)]
+        if not wait_for(lambda: not silent(), args.connect_timeout, waiting=lambda: (
+                "[%s] waiting for the worker(s) at %s" % (role, ",".join(silent())))):
+            fail("%s: cannot reach the worker(s) at %s: are they running?"
+                 % (role, ",".join(silent())))
         config = task_config(args)
         config.operation_timeout_in_ms = int(args.step_timeout * 1000)  # a lost worker: an error
         session = tf.compat.v1.Session(target, config=config)
@@ -435,6 +467,7 @@ class ClientLog(object):
         print("[%s] the model on %d device(s): %s" % (role, len(devices), " ".join(devices)),
               flush=True)
         self.writer = tf.compat.v1.summary.FileWriter(args.log_dir, session.graph)
+        session.run([flag.initializer for flag in self.run_over])  # the run is not over
         checkpoint = tf.train.latest_checkpoint(args.log_dir)
         if checkpoint:
             self.saver.restore(session, checkpoint)
@@ -471,7 +504,7 @@ class ClientLog(object):
 
     def end(self, session, **extra):
         """The last checkpoint and evaluation, and the summary line with the example's extra
-        fields; then the session closes, and the other workers see the client go."""
+        fields; then the client tells the other workers that the run is over."""
         step = int(session.run(self.global_step))
         updates = step - self.start_step
         rate = updates / (time.time() - self.started)
@@ -482,6 +515,7 @@ class ClientLog(object):
                        examples_per_sec=rate * self.args.batch_size, **extra)
         print_summary(self.args.role, summary, self.history, self.args.metrics_file)
         self.writer.close()
+        session.run(self.raise_run_over)
         session.close()
         return 0
 # <<< shared: one client

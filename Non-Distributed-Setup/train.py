@@ -222,7 +222,8 @@ def parse_flags(argv, example_flags, distributed=True):
         ("task_index", int, 0, "this task's index in its job"),
         ("ps_hosts", str, "", "comma-separated host:port of the ps tasks"),
         ("worker_hosts", str, "", "comma-separated host:port of the workers"),
-        ("connect_timeout", float, 60, "seconds to wait for the other tasks"),
+        ("connect_timeout", float, None, "seconds to wait for the other tasks; if not given, "
+         "60, or 600 under TF_CONFIG (a cluster's pods may start minutes apart)"),
     ]
     for flag, kind, default, text in common + (cluster if distributed else []):
         p.add_argument("--" + flag, type=kind, default=default, help=text)
@@ -232,7 +233,7 @@ def parse_flags(argv, example_flags, distributed=True):
         if type(value) not in (int, float):
             continue
         default = p.get_default(flag)
-        counted = type(default) in (int, float) and default >= 1  # a count, a size or a time
+        counted = default is None or default >= 1  # a count, a size or a time (None: set later)
         if value < 0 or (value == 0 and counted):
             fail("--%s must be %s, got %s" % (flag, "positive" if counted else "0 or more", value))
     if not args.log_dir:  # a new folder for every run, beside this file

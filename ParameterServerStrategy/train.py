@@ -263,7 +263,8 @@ def parse_flags(argv, example_flags, distributed=True):
         ("task_index", int, 0, "this task's index in its job"),
         ("ps_hosts", str, "", "comma-separated host:port of the ps tasks"),
         ("worker_hosts", str, "", "comma-separated host:port of the workers"),
-        ("connect_timeout", float, 60, "seconds to wait for the other tasks"),
+        ("connect_timeout", float, None, "seconds to wait for the other tasks; if not given, "
+         "60, or 600 under TF_CONFIG (a cluster's pods may start minutes apart)"),
     ]
     for flag, kind, default, text in common + (cluster if distributed else []):
         p.add_argument("--" + flag, type=kind, default=default, help=text)
@@ -273,7 +274,7 @@ def parse_flags(argv, example_flags, distributed=True):
         if type(value) not in (int, float):
             continue
         default = p.get_default(flag)
-        counted = type(default) in (int, float) and default >= 1  # a count, a size or a time
+        counted = default is None or default >= 1  # a count, a size or a time (None: set later)
         if value < 0 or (value == 0 and counted):
             fail("--%s must be %s, got %s" % (flag, "positive" if counted else "0 or more", value))
     if not args.log_dir:  # a new folder for every run, beside this file
@@ -314,12 +315,16 @@ def is_listening(address):
     return True
 
 
-def wait_for(condition, seconds=float("inf")):
-    """Whether condition() came true within seconds (it is checked four times a second)."""
-    deadline = time.time() + seconds
+def wait_for(condition, seconds=float("inf"), waiting=None):
+    """Whether condition() came true within seconds (it is checked four times a second). If the
+    wait is long, waiting() says every 30 s what this task waits for: a line a user can act on."""
+    started = last_line = time.time()
     while not condition():
-        if time.time() > deadline:
+        if time.time() > started + seconds:
             return False
+        if waiting and time.time() > last_line + 30:
+            print("%s (%.0f s so far)" % (waiting(), time.time() - started), flush=True)
+            last_line = time.time()
         time.sleep(0.25)  # the pace of the checks
     return True
 # <<< shared: tasks
@@ -347,10 +352,14 @@ def print_summary(role, summary, history, metrics_file):
 def tf2_cluster(args, jobs):
     """The cluster from the flags, or else from TF_CONFIG; jobs: the job names this example uses
     (its JOBS). Writes the result into TF_CONFIG, where the strategies read it, and sets
-    args.job_name and args.task_index."""
+    args.job_name and args.task_index, and connect_timeout if not given: 60 s, or 600 s under
+    TF_CONFIG."""
     given = {"chief": getattr(args, "chief_host", ""), "worker": args.worker_hosts,
              "ps": args.ps_hosts}
-    if args.job_name or any(given.values()) or "TF_CONFIG" not in os.environ:
+    from_flags = args.job_name or any(given.values()) or "TF_CONFIG" not in os.environ
+    if args.connect_timeout is None:  # a cluster's pods may start minutes apart
+        args.connect_timeout = 60.0 if from_flags else 600.0
+    if from_flags:
         if not all(given[job] for job in jobs):
             flags = ["--chief_host" if job == "chief" else "--%s_hosts" % job for job in jobs]
             fail("give %s (or set TF_CONFIG)" % " and ".join(flags))

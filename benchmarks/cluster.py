@@ -11,12 +11,19 @@ counters tell how many bytes each host sent and received.
     sudo python benchmarks/cluster.py DOWNPOUR --bandwidth 20mbit -- --steps 2000 --window 5
     sudo python benchmarks/cluster.py Sync-SGD --workers 3 --metrics_file sync.json
     sudo python benchmarks/cluster.py DOWNPOUR --cpus 0.4 --workers 3     # hosts of 0.4 core
+    sudo python benchmarks/cluster.py DOWNPOUR --stagger 300 --restart worker0@120   # real life
 
 With --cpus C each host also gets a cgroup of its own whose CPU quota caps it at C cores (cgroup
 v1's cpu controller, or v2's cpu.max), so that, as on a real cluster, every worker adds
 computing power; without it every task shares this machine's cores, and one process is always
 the fastest. The hosts may take at most the machine's cores in all (hosts x C); the report
 names the quota and the CPU seconds each host used. The groups are removed at the end.
+
+On a real cluster the tasks do not start together: pods are scheduled one by one and pull their
+image first, and a pod that fails comes back under the same name. --stagger S starts each task
+after a random delay of up to S seconds (drawn with --seed, and printed), and --restart ROLE@T
+kills that task's process T seconds after the first start and starts it again at once, at the
+same address, as a pod's restart policy would.
 
 Everything after `--` goes to every train.py. Each task runs as
 `ip netns exec <namespace> python EXAMPLE/train.py ARGS`, configured only through TF_CONFIG, the
@@ -60,6 +67,7 @@ import ipaddress
 import itertools
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -510,18 +518,33 @@ def reap(tasks):
     return failed
 
 
-def supervise(tasks, console, deadline, keep_going):
-    """Wait for the tasks whose end is the run's end, then for the servers; return the failures.
+def supervise(tasks, console, deadline, keep_going, start, schedule):
+    """Start and restart the tasks as schedule says (start_schedule's events, with start(task)
+    to start one); wait for the tasks whose end is the run's end, then for the servers; return
+    the failures.
 
     The run ends with the workers, or with the coordinator (chief) where there is one; the
     others (the parameter servers, and a coordinator's workers) exit by themselves soon after.
     A failed task stops the cluster, unless keep_going: then only a failed ps or coordinator
-    does (nothing can go on without it), and the other workers finish, as with run.sh.
+    does (nothing can go on without it), and the other workers finish, as with run.sh. A task
+    killed to be restarted is not a failure: its new process is what counts.
     """
-    failed = []
+    failed, pending, first_start = [], list(schedule), time.time()
+    by_role = {t.role: t for t in tasks}
     leaders = [t for t in tasks if t.job == ending_job(t.job for t in tasks)]
-    while any(t.running() for t in leaders):
+    while pending or any(t.running() for t in leaders):
         SIGNALS.check()
+        while pending and time.time() - first_start >= pending[0][0]:
+            seconds, kind, role = pending.pop(0)
+            task = by_role[role]
+            if kind == "restart":
+                if not task.running():
+                    console.say("restart %s at +%.0f s: it has already ended (%s)"
+                                % (role, seconds, task.describe_exit()))
+                    continue
+                stop_tasks([task], signals=(signal.SIGKILL,))
+                console.say("restart %s at +%.0f s: killed; starting it again" % (role, seconds))
+            start(task)
         failed += [t.describe_exit() for t in reap(tasks)]
         if failed and (not keep_going or any(f.startswith(("ps", "chief")) for f in failed)):
             console.say("failed: %s; stopping the cluster" % ", ".join(failed))
@@ -549,9 +572,10 @@ def ending_job(jobs):
     return "chief" if "chief" in set(jobs) else "worker"
 
 
-def stop_tasks(tasks):
-    """SIGTERM to the process group of every task still running, SIGKILL after STOP_GRACE_SECS."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
+def stop_tasks(tasks, signals=(signal.SIGTERM, signal.SIGKILL)):
+    """SIGTERM to the process group of every task still running, SIGKILL after STOP_GRACE_SECS
+    (signals=(signal.SIGKILL,): at once, as a crash would end it)."""
+    for sig in signals:
         alive = [t for t in tasks if t.proc is not None and t.proc.poll() is None]
         if not alive:
             break
@@ -753,6 +777,26 @@ def check_train_args(train_args):
             raise SetupError("give %s to cluster.py itself, before --" % flag)
 
 
+def start_schedule(roles, stagger, seed, restarts):
+    """When each task starts and restarts, in seconds after the first start: [(seconds, kind,
+    role)] in order, kind "start" or "restart". restarts: ROLE@T texts; a bad one raises
+    SetupError."""
+    rng = random.Random(seed)
+    events = [(round(rng.uniform(0, stagger), 1) if stagger else 0.0, "start", role)
+              for role in roles]
+    for text in restarts:
+        role, _, at = text.partition("@")
+        try:
+            seconds = float(at)
+        except ValueError:
+            seconds = -1
+        if role not in roles or seconds < 0:
+            raise SetupError("--restart %s: give ROLE@SECONDS with ROLE one of %s, such as "
+                             "worker0@60" % (text, ", ".join(roles)))
+        events.append((seconds, "restart", role))
+    return sorted(events, key=lambda e: (e[0], e[1] == "restart"))
+
+
 def count(text):
     n = int(text)
     if not 1 <= n <= 100:
@@ -796,6 +840,13 @@ def parser():
     p.add_argument("--subnet", type=ipaddress.ip_network, default=DEFAULT_SUBNET,
                    help="IPv4 subnet of the hosts' addresses; must be unused on this machine "
                         "(default: %s)" % DEFAULT_SUBNET)
+    p.add_argument("--stagger", type=float, default=0, metavar="S",
+                   help="start each task after a random delay of 0 to S seconds, as pods start "
+                        "on a real cluster (default: 0, all at once)")
+    p.add_argument("--seed", type=int, default=0, help="seed of --stagger's delays (default: 0)")
+    p.add_argument("--restart", action="append", default=[], metavar="ROLE@T",
+                   help="kill task ROLE (worker0, ps0) T seconds after the first task started, "
+                        "and start it again at once at the same address; may be repeated")
     p.add_argument("--verbose", action="store_true", help="keep TensorFlow's start-up log lines")
     p.add_argument("--deployment", choices=("tfjob", "plain"), default=None,
                    help="run each task as its pod in deploy/manifests.py's manifest would run: "
@@ -814,6 +865,10 @@ def main(argv=None):
         train_py, jobs = find_train_py(args.example)
         counts = task_counts(jobs, args.ps, args.workers, args.example)
         check_train_args(train_args)
+        if args.stagger < 0:
+            raise SetupError("--stagger must be 0 or more seconds, got %g" % args.stagger)
+        start_schedule([Task(job, i).role for job, n in counts.items() for i in range(n)],
+                       args.stagger, args.seed, args.restart)  # a bad --restart fails here
         if args.cpus:  # refuses, before anything is made, what this machine cannot give
             check_cpus(sum(counts.values()), args.cpus)
         check_machine(needs_tc=args.bandwidth is not None)
@@ -861,10 +916,13 @@ def run_cluster(args, train_py, train_args, counts):
                    for job in counts}
         before = {role: network.counters(role) for role in roles}
         deadline = time.time() + args.timeout
-        for task in tasks:
-            start_task(task, network, cluster, train_py, train_args, console, pods.get(task.role),
-                       quotas)
-        failed = supervise(tasks, console, deadline, args.keep_going)
+        schedule = start_schedule(roles, args.stagger, args.seed, args.restart)
+        if args.stagger:
+            console.say("staggered start (--seed %d): %s" % (args.seed, ", ".join(
+                "%s +%.1f s" % (role, at) for at, kind, role in schedule if kind == "start")))
+        start = lambda task: start_task(task, network, cluster, train_py, train_args, console,
+                                        pods.get(task.role), quotas)
+        failed = supervise(tasks, console, deadline, args.keep_going, start, schedule)
         stop_tasks(tasks)  # whatever still runs after a failure or a timeout
         after = {role: network.counters(role) for role in roles}
         status = 1 if failed else 0

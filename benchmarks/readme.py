@@ -8,6 +8,8 @@ A README shows a script's table between two marker lines that only that script w
 
 and the script keeps the same text in benchmarks/results/<script>.md. tests/test_benchmarks.py
 checks that every section still equals that file, so a figure edited by hand fails the tests.
+A script that writes a different text to each of several READMEs (one per example) names each
+part: the section `scaling.py#DOWNPOUR` is kept in benchmarks/results/scaling-DOWNPOUR.md.
 """
 import os
 
@@ -43,7 +45,10 @@ def write_section(path, name, body):
 
 
 def results_path(name):
-    return os.path.join(RESULTS, os.path.splitext(name)[0] + ".md")
+    """results/<script>.md for the section `script.py`; results/<script>-<part>.md for
+    `script.py#part`."""
+    script, _, part = name.partition("#")
+    return os.path.join(RESULTS, os.path.splitext(script)[0] + ("-" + part if part else "") + ".md")
 
 
 def publish(name, body, readmes):

@@ -66,12 +66,13 @@ def add_run_flags(p, steps=3000, eval_every=50):
 
 
 def run_example(example, workers, args, tag, train_args=(), bandwidth=None, who="compare",
-                cpus=None):
+                cpus=None, ps=None):
     """One run of example with workers workers; returns the chief's metrics.
 
     bandwidth None: the example's run.sh on localhost. A rate as cluster.py takes it
     (unlimited, 20mbit): cluster.py, whose report is then in the metrics under "cluster"; with
-    cpus, each of its hosts capped at that many cores (cluster.py --cpus). Every
+    cpus, each of its hosts capped at that many cores (cluster.py --cpus); with ps, that many
+    parameter servers (cluster.py --ps; run.sh's NUM_PS on localhost). Every
     run gets --steps, --batch_size, --seed and --log_every (--eval_every) from args, then
     train_args. A run that fails runs once more (its log kept as <tag>-failed.log); a second
     failure stops the benchmark with the name of its log.
@@ -92,10 +93,13 @@ def run_example(example, workers, args, tag, train_args=(), bandwidth=None, who=
     if bandwidth is None:
         command = ["bash", os.path.join(ROOT, example, "run.sh")] + common + own
         env["NUM_WORKERS"] = str(workers)
+        if ps:
+            env["NUM_PS"] = str(ps)
     else:  # cluster.py bounds the run itself, and then removes what it made
         command = ([sys.executable, CLUSTER_PY, example, "--workers", str(workers),
                     "--bandwidth", bandwidth, "--timeout", str(args.timeout)]
-                   + (["--cpus", str(cpus)] if cpus else []) + own
+                   + (["--cpus", str(cpus)] if cpus else []) + (["--ps", str(ps)] if ps else [])
+                   + own
                    + ["--"] + common)
         timeout += STOP_SECS
     for attempt in (1, 2):  # a run that fails is run once more: a rare transient can end one

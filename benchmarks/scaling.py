@@ -142,6 +142,57 @@ def write_table(path, results, baseline, settings):
     return text
 
 
+def bounds_table(results, baseline):
+    """What bounds each example with the most workers: per link rate, each worker's pace against
+    one host (1.00: a worker loses nothing to distribution), the bytes a mini-batch puts on the
+    wire, how much of its bandwidth the busiest link used (a limited rate only: near 1.00, the
+    link is the bound), and the CPU seconds the ps used in the whole run, start-up included
+    (it spends them serving the bytes and applying the updates)."""
+    one_host = mini_batches_per_sec(baseline)
+    most = max(workers for _, workers, _ in results)
+    lines = ["| example | links | a worker's pace / one host | kB per mini-batch "
+             "| busiest link's use of its bandwidth | ps CPU seconds |",
+             "|---|---|---|---|---|---|"]
+    for (example, workers, label), metrics in results.items():
+        if workers != most:
+            continue
+        report = metrics.get("cluster", {})
+        ps_cpu = [v for k, v in report.items() if k.startswith("cpu_seconds_ps")]
+        lines.append("| %s | %s | %.2f | %s | %s | %s |" % (
+            example, label, mini_batches_per_sec(metrics) / most / one_host,
+            "%.0f" % (report["bytes_per_mini_batch"] / 1e3) if "bytes_per_mini_batch" in report
+            else "n/a",
+            "%.2f" % report["fraction_of_bound"] if "fraction_of_bound" in report else "n/a",
+            "%.1f" % sum(ps_cpu) if ps_cpu else "n/a"))
+    return "\n".join(lines) + "\n"
+
+
+def example_sections(results, baseline, settings):
+    """One paragraph per example for its own README: its speed-up with the most workers, at
+    each link rate, from the same run as the table."""
+    one_host = mini_batches_per_sec(baseline)
+    most = max(workers for _, workers, _ in results)
+    sections = {}
+    for example in dict.fromkeys(example for example, _, _ in results):
+        measured = [(label, mini_batches_per_sec(m) / one_host)
+                    for (e, workers, label), m in results.items()
+                    if e == example and workers == most]
+        if not measured:
+            continue
+        rate_name = lambda label: ("unlimited links" if label == "unlimited" else
+                                   label.replace("gbit", " Gbit/s").replace("mbit", " Mbit/s"))
+        figures = " and ".join("%.2f times %s at %s (efficiency %.2f)" % (
+            speed_up, "its mini-batches/s" if i == 0 else "", rate_name(label), speed_up / most)
+            for i, (label, speed_up) in enumerate(measured)).replace("  ", " ")
+        sections[example] = (
+            "Measured speed-up: %s with %d workers, each a host of %g core (a CPU quota of "
+            "its own), against one such host running %s: %s. Workload "
+            "`--hidden 4096 --batch_size %d`, %d mini-batches; `%s`.\n" % (
+                example, most, settings["cpus"], BASELINE, figures, settings["batch_size"],
+                settings["steps"], settings["command"]))
+    return sections
+
+
 def plot_speed_up(path, results, baseline, rates, counts):
     plt = runs.pyplot()
     one_host = mini_batches_per_sec(baseline)
@@ -201,9 +252,15 @@ def main(argv=None, prog="scaling.py"):
                     steps=args.steps, batch_size=args.batch_size)
     table = write_table(os.path.join(args.out, "scaling.md"), results, baseline, settings)
     print(table)
+    bounds = bounds_table(results, baseline)
+    print(bounds)
     if runs.publishing(args, args.quick):
         readme.publish("scaling.py", table, [readme.BENCHMARKS_README,
                                              os.path.join(runs.ROOT, "README.md")])
+        readme.publish("scaling.py#bounds", bounds, [readme.BENCHMARKS_README])
+        for example, text in example_sections(results, baseline, settings).items():
+            readme.publish("scaling.py#" + example, text,
+                           [os.path.join(runs.ROOT, example, "README.md")])
     plot_speed_up(os.path.join(args.out, "speed_up.png"), results, baseline, rates, counts)
     speed_ups = [mini_batches_per_sec(m) / mini_batches_per_sec(baseline)
                  for (_, n, _), m in results.items() if n == max(counts)]

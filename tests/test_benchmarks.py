@@ -26,7 +26,7 @@ def readmes_with_sections():
 
 def test_every_script_publishes_somewhere_and_every_section_names_a_script():
     sections = readmes_with_sections()
-    assert {name for _, name in sections} == set(SCRIPTS), sections
+    assert {name.partition("#")[0] for _, name in sections} == set(SCRIPTS), sections
     assert (os.path.join(ROOT, "README.md"), "compare.py") in sections
 
 
@@ -38,6 +38,12 @@ def test_each_readme_section_is_what_its_script_last_wrote(path, name):
             "%s in %s differs from %s: edit no figure by hand; rerun python benchmarks/%s"
             % (name, os.path.relpath(path, ROOT), os.path.relpath(readme.results_path(name),
                                                                   ROOT), name))
+
+
+def test_a_part_of_a_script_is_kept_in_a_file_of_its_own():
+    assert readme.results_path("scaling.py") == os.path.join(readme.RESULTS, "scaling.md")
+    assert readme.results_path("scaling.py#Sync-SGD") == os.path.join(readme.RESULTS,
+                                                                      "scaling-Sync-SGD.md")
 
 
 def test_write_section_replaces_only_the_text_between_its_own_markers(tmp_path):

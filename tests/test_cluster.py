@@ -101,7 +101,7 @@ def test_each_family_trains_to_the_bar_with_every_task_on_its_own_host(example, 
     assert chief["workers"] == "2" and chief["lost_workers"] == "0", chief
     # the ps learnt its own address from TF_CONFIG: an address of the tool's subnet, not localhost
     assert "[ps0] serving 2 worker(s) at 10.77.0.1:2222" in run.output
-    assert "[ps0] all 2 worker(s) gone; shutting down" in run.output
+    assert "[ps0] the run is over; shutting down" in run.output
     assert "[cluster] all processes finished" in run.output
 
     report = summary_of(run.output, "cluster")
@@ -120,6 +120,40 @@ def test_each_family_trains_to_the_bar_with_every_task_on_its_own_host(example, 
     assert all(h["sent_bytes"] > 0 and h["received_bytes"] > 0 for h in hosts.values()), hosts
     # the ps carries every worker's traffic: it is the busiest link
     assert metrics["cluster"]["busiest_link"]["host"] == "ps0"
+
+
+# On a real cluster tasks start apart and come back after a crash: a late ps or worker, and a
+# restarted chief or worker, for an asynchronous, a windowed and a synchronous example. The seeds
+# of --stagger put the named task last (seed 0: ps0; seed 7: worker1); the restart comes 30 s
+# after the first start, while the long run is training.
+@pytest.mark.cluster
+@needs_namespaces
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("example,seed,last,restarted,train_args", [
+    ("Hogwild", 0, "ps0", "worker0", ["--steps", "20000"]),
+    ("DOWNPOUR", 7, "worker1", "worker1", ["--steps", "40000"]),
+    # a round waits --step_timeout for the restarted worker, which may take a while to load
+    ("Sync-SGD", 7, "worker1", "worker1", ["--steps", "8000", "--step_timeout", "120"]),
+])
+def test_tasks_that_start_apart_and_one_that_restarts_still_train_to_the_bar(
+        example, seed, last, restarted, train_args, tmp_path):
+    proc = start_tool([example, "--stagger", "10", "--seed", str(seed), "--restart",
+                       restarted + "@30", "--timeout", "240", "--log_dir", str(tmp_path / "logs"),
+                       "--", "--log_every", "500"] + train_args)
+    try:
+        run = finish(proc, timeout=270)
+    finally:
+        assert_run_left_nothing(proc, tmp_path)
+    assert run.code == 0, run.output[-3000:]
+    order = re.findall(r"\[cluster\] started (\w+) pid=", run.output)
+    assert order[2] == last and order[3] == restarted, order  # then the restart
+    assert "[cluster] restart %s at +30 s: killed; starting it again" % restarted in run.output
+    chief = summary_of(run.output, "worker0")
+    assert float(chief["test_accuracy"]) >= ACCURACY_BAR, chief
+    assert chief["lost_workers"] == "0", chief  # the restarted worker came back and finished
+    if restarted == "worker0":
+        assert "[worker0] resuming from the checkpoint at global step" in run.output
+    assert "[ps0] the run is over; shutting down" in run.output
 
 
 @pytest.mark.cluster
@@ -240,6 +274,27 @@ def test_a_bandwidth_limit_holds_each_way_of_a_link_and_is_gone_without_it(tmp_p
     for rate in (both_limits, back, receive_limit_only):
         assert 0.5 * limit <= rate <= 1.2 * limit, (both_limits, back, receive_limit_only)
     assert unlimited > 5 * limit, unlimited
+
+
+def test_a_staggered_start_is_seeded_within_its_bound_and_a_restart_comes_after_the_starts():
+    roles = ["ps0", "worker0", "worker1"]
+    schedule = cluster_tool.start_schedule(roles, 10, 0, ["worker0@30"])
+    assert schedule == cluster_tool.start_schedule(roles, 10, 0, ["worker0@30"])  # seeded
+    assert schedule != cluster_tool.start_schedule(roles, 10, 1, ["worker0@30"])
+    starts = [(at, role) for at, kind, role in schedule if kind == "start"]
+    assert sorted(role for _, role in starts) == roles and all(0 <= at <= 10 for at, _ in starts)
+    assert schedule[-1] == (30.0, "restart", "worker0")
+    assert [at for at, _, _ in schedule] == sorted(at for at, _, _ in schedule)
+    assert cluster_tool.start_schedule(roles, 0, 5, []) == [(0.0, "start", r) for r in roles]
+
+
+@pytest.mark.parametrize("restart", ["worker5@30", "worker0", "worker0@soon", "chief0@3"])
+def test_a_restart_of_no_task_of_the_run_is_refused_in_one_line(restart):
+    proc = subprocess.run([sys.executable, CLUSTER_PY, "Hogwild", "--restart", restart],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.splitlines() == ["error: --restart %s: give ROLE@SECONDS with ROLE one of "
+                                        "ps0, worker0, worker1, such as worker0@60" % restart]
 
 
 def test_tbf_sizes_are_sane_at_low_and_high_rates():

@@ -57,6 +57,7 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 import bandwidth  # noqa: E402  (benchmarks/ is not a package)
 import compare  # noqa: E402
 import runs  # noqa: E402
+import ps_sweep  # noqa: E402
 import scaling  # noqa: E402
 import window_sweep  # noqa: E402
 
@@ -461,6 +462,66 @@ def test_the_scaling_table_gives_speed_up_and_efficiency_against_one_host(tmp_pa
     assert "With 3 workers, links 1gbit: 1.50 to 1.50 times one host, median 1.50." in text
     assert "Every host 0.4 core(s)" in text and "sudo python benchmarks/scaling.py" in text
     assert (tmp_path / "scaling.md").read_text() == text
+
+
+def test_scaling_writes_each_example_its_own_speed_up_and_what_bounds_it():
+    baseline = fake_metrics(40.0, workers=1)
+    results = {("DOWNPOUR", 1, "unlimited"): fake_metrics(36.0),
+               ("DOWNPOUR", 3, "unlimited"): fake_metrics(108.0),
+               ("DOWNPOUR", 3, "1gbit"): fake_metrics(96.0, fraction=0.25, kb=500.0),
+               ("Sync-SGD", 3, "1gbit"): fake_metrics(60.0, fraction=0.5, kb=2500.0)}
+    results[("Sync-SGD", 3, "1gbit")]["cluster"].update(cpu_seconds_ps0=8.0, cpu_seconds_worker0=9.0)
+    sections = scaling.example_sections(results, baseline, dict(
+        command="sudo python benchmarks/scaling.py", cpus=0.4, steps=900, batch_size=512))
+    assert sorted(sections) == ["DOWNPOUR", "Sync-SGD"]
+    assert ("2.70 times its mini-batches/s at unlimited links (efficiency 0.90) and 2.40 times at "
+            "1 Gbit/s (efficiency 0.80)") in sections["DOWNPOUR"]
+    assert "1.50 times its mini-batches/s at 1 Gbit/s (efficiency 0.50)" in sections["Sync-SGD"]
+    rows = [[c.strip() for c in line.strip("|").split("|")]
+            for line in scaling.bounds_table(results, baseline).splitlines()[2:]]
+    assert rows == [["DOWNPOUR", "unlimited", "0.90", "20", "n/a", "n/a"],
+                    ["DOWNPOUR", "1gbit", "0.80", "500", "0.25", "n/a"],
+                    ["Sync-SGD", "1gbit", "0.50", "2500", "0.50", "8.0"]]
+
+
+def test_the_ps_sweep_runs_one_ps_once_and_more_ps_whole_and_in_slices():
+    assert ps_sweep.plan_runs(["Sync-SGD"], [1, 3], ["1gbit"]) == [
+        ("Sync-SGD", 1, False, "1gbit"), ("Sync-SGD", 3, False, "1gbit"),
+        ("Sync-SGD", 3, True, "1gbit")]
+
+
+def test_the_ps_sweep_table_gives_each_ps_links_bytes_and_the_gain_over_one_ps(tmp_path):
+    def run(rate, *ps_bytes):
+        metrics = fake_metrics(rate, fraction=0.5)
+        metrics["cluster"].update(mini_batches=100, hosts={
+            "ps%d" % i: {"sent_bytes": b / 2, "received_bytes": b / 2}
+            for i, b in enumerate(ps_bytes)})
+        metrics["cluster"].update({"cpu_seconds_ps%d" % i: 5.0 + i for i in range(len(ps_bytes))})
+        return metrics
+    results = {("Distributed-Setup", 1, False, "1gbit"): run(40.0, 250e6),
+               ("Distributed-Setup", 3, False, "1gbit"): run(44.0, 30e6, 210e6, 10e6),
+               ("Distributed-Setup", 3, True, "1gbit"): run(100.0, 84e6, 83e6, 83e6)}
+    text = ps_sweep.write_table(str(tmp_path / "ps_sweep.md"), results, dict(
+        command="sudo python benchmarks/ps_sweep.py", cpus=0.33, steps=600, batch_size=512,
+        workers=3))
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in text.splitlines()
+            if line.startswith("| Distributed-Setup")]
+    assert rows == [
+        ["Distributed-Setup", "1gbit", "1", "whole", "40.0", "1.00", "2500", "0.50", "5.0"],
+        ["Distributed-Setup", "1gbit", "3", "whole", "44.0", "1.10", "300 / 2100 / 100", "0.50",
+         "5.0 / 6.0 / 7.0"],
+        ["Distributed-Setup", "1gbit", "3", "a slice per ps", "100.0", "2.50", "840 / 830 / 830",
+         "0.50", "5.0 / 6.0 / 7.0"]]
+    assert "every host 0.33 core(s)" in text and "sudo python benchmarks/ps_sweep.py" in text
+
+
+def test_the_ps_sweep_refuses_an_example_without_slices_in_one_line():
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "ps_sweep.py"),
+                           "--examples", "DOWNPOUR", "--out", "/nonexistent"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.splitlines() == ["error: --examples: choose from Distributed-Setup,Sync-SGD "
+                                        "(the examples with --shard_variables)"]
 
 
 def test_scaling_refuses_more_hosts_than_the_cores_allow_in_one_line():

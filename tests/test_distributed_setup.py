@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from conftest import (ACCURACY_BAR, assert_nothing_left, error_lines, finish, free_port,
-                      kill_mid_run, load_train_module, read_until, run_train,
+                      free_ports, kill_mid_run, load_train_module, read_until, run_train,
                       run_train_noting_tensorflow, start_example)
 
 
@@ -32,7 +32,7 @@ def test_distributed_setup_reaches_the_accuracy_bar_and_every_process_exits(run_
     # already under way still land
     assert 2000 <= int(summary["global_step"]) == sum(local_steps) <= 2003
     assert float(summary["steps_per_sec"]) > 0
-    assert "[ps0] all 2 worker(s) gone; shutting down" in run.output
+    assert "[ps0] the run is over; shutting down" in run.output
     assert "[run.sh] all processes finished" in run.output
     # the chief wrote real checkpoints and TensorBoard events
     names = os.listdir(tmp_path / "logs")
@@ -44,7 +44,7 @@ def test_one_worker_alone_trains_every_step_itself(run_example):
     assert run.code == 0, run.output[-3000:]
     summary = run.summary()
     assert summary["workers"] == "1" and summary["local_steps"] == summary["global_step"] == "300"
-    assert "[ps0] all 1 worker(s) gone; shutting down" in run.output
+    assert "[ps0] the run is over; shutting down" in run.output
 
 
 @pytest.mark.parametrize("sharding", [[], ["--shard_variables"]])
@@ -54,7 +54,7 @@ def test_two_parameter_servers_share_the_variables_and_both_exit(run_example, sh
     assert run.code == 0, run.output[-3000:]
     assert run.summary()["ps"] == "2"
     for ps in ("ps0", "ps1"):
-        assert "[%s] all 2 worker(s) gone; shutting down" % ps in run.output
+        assert "[%s] the run is over; shutting down" % ps in run.output
 
 
 def test_non_chief_workers_start_training_within_seconds_of_the_chief(run_example):
@@ -94,7 +94,7 @@ def test_a_worker_killed_mid_run_does_not_hang_the_others(tmp_path):
     assert summary["global_step"] == "3000" and summary["lost_workers"] == "1"
     assert float(summary["test_accuracy"]) >= ACCURACY_BAR
     assert "[worker0] worker(s) 1 failed or were lost" in run.output
-    assert "[ps0] all 2 worker(s) gone; shutting down" in run.output
+    assert "[ps0] the run is over; shutting down" in run.output
     assert "worker1 (exit 137)" in run.output
     assert_nothing_left(str(tmp_path))
 
@@ -153,6 +153,108 @@ def test_the_launcher_picks_different_ports_for_two_runs_at_once(tmp_path):
         assert run.code == 0, run.output[-3000:]
     ports = [set(l.split("localhost:")[1] for _, l in r.lines if "] started " in l) for r in runs]
     assert not ports[0] & ports[1]
+    assert_nothing_left(str(tmp_path))
+
+
+# --- A real cluster: tasks that start late, a chief that restarts ---------------------------------
+class Tasks(object):
+    """Tasks of one Distributed-Setup cluster on localhost, started one by one as a test says;
+    each task's output is collected in a thread (with arrival times) and all of them are
+    stopped at the end whatever happened."""
+
+    def __init__(self, tmp_path, workers, *args):
+        import sys
+        import threading
+        self.threading = threading
+        ports = free_ports(1 + workers)
+        self.common = [sys.executable, os.path.join(os.path.dirname(__file__), "..",
+                                                    "Distributed-Setup", "train.py"),
+                       "--ps_hosts", "localhost:%d" % ports[0], "--worker_hosts",
+                       ",".join("localhost:%d" % p for p in ports[1:]),
+                       "--log_dir", str(tmp_path / "logs")] + list(args)
+        self.env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+        self.procs, self.lines = {}, {}
+
+    def start(self, job, index=0):
+        role = "%s%d" % (job, index)
+        proc = subprocess.Popen(self.common + ["--job_name", job, "--task_index", str(index)],
+                                env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True)
+        self.procs[role], lines = proc, self.lines.setdefault(role, [])
+        self.threading.Thread(target=lambda: [lines.append((time.time(), l.rstrip("\n")))
+                                              for l in proc.stdout], daemon=True).start()
+        return proc
+
+    def wait_for_line(self, role, text, timeout):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if any(text in line for _, line in self.lines[role]):
+                return
+            assert self.procs[role].poll() is None or any(
+                text in line for _, line in self.lines[role]), self.output(role)
+            time.sleep(0.1)
+        raise AssertionError("no %r from %s in %g s:\n%s" % (text, role, timeout,
+                                                            self.output(role)))
+
+    def output(self, role):
+        return "\n".join(line for _, line in self.lines[role])
+
+    def stop_all(self):
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+
+
+def test_a_parameter_server_that_no_chief_reaches_ends_with_one_line_and_a_failure():
+    code, _, stderr = run_train("Distributed-Setup", ["--job_name", "ps", "--connect_timeout",
+                                                      "2"] + cluster())
+    assert code == 2
+    assert error_lines(stderr) == ["error: ps0: no chief came within 2 s: this ps served no one"]
+
+
+def test_the_chief_waits_for_a_worker_that_starts_after_it_has_finished(tmp_path):
+    # worker 1 starts only once the chief has trained the whole budget: it is not lost, it is
+    # late; the ps ends only once the chief, having seen worker 1 finish, ends the run
+    tasks = Tasks(tmp_path, 2, "--steps", "300", "--log_every", "100")
+    try:
+        ps, chief = tasks.start("ps"), tasks.start("worker", 0)
+        tasks.wait_for_line("worker0", "local_step=300", timeout=120)  # its budget, alone
+        assert ps.poll() is None and chief.poll() is None
+        late = tasks.start("worker", 1)
+        assert late.wait(timeout=120) == 0, tasks.output("worker1")
+        assert chief.wait(timeout=60) == 0, tasks.output("worker0")
+        assert ps.wait(timeout=30) == 0, tasks.output("ps0")
+        summary = [l for _, l in tasks.lines["worker0"] if "] summary " in l][0]
+        assert "lost_workers=0" in summary and "local_steps=300,0" in summary
+        assert "[ps0] the run is over; shutting down" in tasks.output("ps0")
+        # the ps heard of the end after the late worker had finished, not when ports closed
+        done = [t for t, l in tasks.lines["worker1"] if "done: local_steps=0" in l][0]
+        over = [t for t, l in tasks.lines["ps0"] if "the run is over" in l][0]
+        assert over > done
+    finally:
+        tasks.stop_all()
+    assert_nothing_left(str(tmp_path))
+
+
+def test_a_chief_killed_and_restarted_resumes_from_its_checkpoint_and_ends_the_run(tmp_path):
+    tasks = Tasks(tmp_path, 2, "--steps", "3000", "--log_every", "50")
+    try:
+        ps, chief, other = tasks.start("ps"), tasks.start("worker", 0), tasks.start("worker", 1)
+        tasks.wait_for_line("worker0", "local_step=100", timeout=120)  # a checkpoint at 50
+        chief.kill()
+        chief.wait()
+        assert ps.poll() is None  # the ps waits for a chief to end the run
+        chief = tasks.start("worker", 0)
+        tasks.wait_for_line("worker0", "resuming from the checkpoint at global step",
+                            timeout=120)
+        assert chief.wait(timeout=180) == 0, tasks.output("worker0")
+        assert other.wait(timeout=60) == 0 and ps.wait(timeout=30) == 0, tasks.output("ps0")
+        summary = [l for _, l in tasks.lines["worker0"] if "] summary " in l][-1]
+        assert "lost_workers=0" in summary, summary
+        assert float(summary.split("test_accuracy=")[1].split()[0]) >= ACCURACY_BAR
+    finally:
+        tasks.stop_all()
     assert_nothing_left(str(tmp_path))
 
 

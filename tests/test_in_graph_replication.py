@@ -178,7 +178,7 @@ def test_across_two_tasks_it_reaches_the_bar_and_every_process_exits(run_example
     assert summary["towers"] == "2" and summary["workers"] == "2"
     assert summary["global_step"] == "2000"
     assert "[worker1] serving 1 device(s)" in run.output
-    assert "[worker1] the client is gone; shutting down" in run.output
+    assert "[worker1] the run is over; shutting down" in run.output
     assert "[run.sh] all processes finished" in run.output
 
 

@@ -183,7 +183,7 @@ def test_across_two_tasks_it_reaches_the_bar_and_every_process_exits(run_example
     assert summary["global_step"] == "2000"
     assert "[worker0] the model on 2 device(s): /job:worker/task:0/device:CPU:0 " \
            "/job:worker/task:1/device:CPU:0" in run.output
-    assert "[worker1] the client is gone; shutting down" in run.output
+    assert "[worker1] the run is over; shutting down" in run.output
     assert "[run.sh] all processes finished" in run.output
 
 

@@ -187,25 +187,47 @@ def test_a_variable_on_a_worker_is_not_seen_by_the_other_worker(multiple_workers
     assert worker_1 == ["0", "1"]  # worker 0's 5 never shows up here
 
 
-def test_ps_finishes_once_both_workers_are_done(multiple_workers):
-    ps = multiple_workers["ps"]
-    assert "worker 0 is done" in ps and "worker 1 is done" in ps
-    assert ps.rstrip().endswith("shared_weight = 142.0\nps finished")
+def test_the_chief_ends_the_run_only_after_every_worker_has_finished(multiple_workers):
+    chief = multiple_workers["worker 0"]
+    assert "worker 0 set up the run: finished = [-1, -1]" in chief
+    assert "worker 1 finished: its entry of finished = 1" in multiple_workers["worker 1"]
+    lines = [line for line in chief.splitlines() if "finished" in line or "run_over" in line]
+    assert lines[-3:] == [
+        "worker 0 finished: its entry of finished = 5",
+        "worker 0 sees every worker finished: finished = [5, 1]",
+        "worker 0 raised run_over: the ps may end",
+    ]
+
+
+def test_ps_ends_on_the_chiefs_flag_after_both_workers_finished(multiple_workers):
+    ps = multiple_workers["ps"].rstrip().splitlines()
+    # The ps waits for the chief's set-up, then for the flag; when it sees the flag, every
+    # worker's entry is already written (no -1 left), and the workers' value is there to read.
+    assert ps[-6:] == [
+        "ps waiting for the chief to initialise run_over",
+        "ps sees run_over initialised; waiting for the chief to raise it",
+        "ps sees run_over = True",
+        "finished = [5, 1]",
+        "shared_weight = 142.0",
+        "ps finished",
+    ]
 
 
 @pytest.mark.parametrize(
-    "name, error",
+    "name, error, advice",
     [
-        ("Worker-1.ipynb", "TimeoutError"),  # no ps to connect to
-        ("PS-Task.ipynb", "DeadlineExceededError"),  # no worker ever says it is done
+        ("Worker-1.ipynb", "TimeoutError", "start the ps notebook"),  # no ps to connect to
+        ("PS-Task.ipynb", "TimeoutError", "start Worker-0.ipynb"),  # no chief sets up the run
     ],
 )
-def test_a_notebook_whose_peers_never_start_fails_instead_of_hanging(name, error, tmp_path):
+def test_a_notebook_whose_peers_never_start_fails_instead_of_hanging(name, error, advice, tmp_path):
     ports, env = cluster_on_free_ports(wait_seconds=3)
 
     started = time.monotonic()
-    with pytest.raises(CellExecutionError, match=error):
+    with pytest.raises(CellExecutionError, match=error) as failure:
         asyncio.run(execute(copy_to(tmp_path, MULTIPLE_WORKERS_DIR + name), env))
+    assert failure.value.ename == error
+    assert advice in failure.value.evalue  # the error says which notebook to start
     assert time.monotonic() - started < CELL_TIMEOUT
     assert_nothing_left_running(ports)
 

@@ -73,8 +73,8 @@ def test_the_chief_does_not_train_alone_while_another_worker_starts(tmp_path):
                                          stderr=subprocess.STDOUT, text=True)
     ps, chief = run("--job_name", "ps"), run("--job_name", "worker", "--task_index", "0")
     try:
-        for line in chief.stdout:  # the chief is training (or trying to) before worker1 exists
-            if "training started" in line:
+        for line in chief.stdout:  # the chief's session is up before worker1 exists
+            if "[worker0] chief: log_dir=" in line:
                 break
         late = run("--job_name", "worker", "--task_index", "1")
         chief_out, _ = chief.communicate(timeout=120)
