@@ -417,8 +417,8 @@ def print_summary(role, summary, history, metrics_file):
 
 # >>> shared: one client
 def resolve_workers(args):
-    """The workers from the flags, or else from TF_CONFIG (a "worker" job, and no ps); None when
-    neither is given: this process runs alone. Sets job_name, task_index, role, and
+    """The workers from the flags, or else from TF_CONFIG (a "worker" job, a "chief" as worker 0,
+    and no ps); None when neither is given: this process runs alone. Sets job_name, task_index, role, and
     connect_timeout if not given: 60 s, or 600 s under TF_CONFIG."""
     job, index = args.job_name or "worker", args.task_index
     if args.ps_hosts:
@@ -431,11 +431,19 @@ def resolve_workers(args):
     elif "TF_CONFIG" in os.environ:
         try:
             config = json.loads(os.environ["TF_CONFIG"])
-            cluster = {"worker": list(config["cluster"]["worker"])}
-            job, index = config["task"]["type"], int(config["task"].get("index") or 0)
+            spec, job = config["cluster"], config["task"]["type"]
+            index = int(config["task"].get("index") or 0)
+            chief = list(spec.get("chief", [])) + list(spec.get("master", []))
+            cluster = {"worker": chief + list(spec.get("worker", []))}
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             fail("TF_CONFIG is not valid cluster JSON with a worker job (%s: %s)"
                  % (type(e).__name__, e))
+        if spec.get("ps"):
+            fail("this example has no parameter server: TF_CONFIG names a ps job")
+        if job in ("chief", "master"):  # a chief is the client: worker 0
+            job, index = "worker", 0
+        elif job == "worker":
+            index += len(chief)  # the workers come after the chief
     else:
         args.job_name, args.role = "", "local"
         return None

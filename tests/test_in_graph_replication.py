@@ -170,6 +170,18 @@ def test_a_cluster_it_cannot_run_on_fails_in_one_line(argv, message, tmp_path):
     assert code == 2 and len(error_lines(err)) == 1 and message in error_lines(err)[0], err
 
 
+@pytest.mark.parametrize("task, role", [({"type": "chief", "index": 0}, "worker0"),
+                                        ({"type": "worker", "index": 1}, "worker2")])
+def test_under_tf_config_a_chief_is_the_client_and_the_workers_follow_it(task, role, monkeypatch):
+    import json
+    module = load_train_module(EXAMPLE)
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {
+        "chief": ["c:2222"], "worker": ["w0:2222", "w1:2222"]}, "task": task}))
+    args = module.parse_flags([], module.example_flags)
+    assert module.resolve_workers(args) == {"worker": ["c:2222", "w0:2222", "w1:2222"]}
+    assert args.role == role and args.connect_timeout == 600  # pods may start minutes apart
+
+
 def test_across_two_tasks_it_reaches_the_bar_and_every_process_exits(run_example):
     run = run_example(EXAMPLE, timeout=240)
     assert run.code == 0, run.output[-3000:]
