@@ -29,8 +29,10 @@ Writes into --out:
 
 Evolution-Strategies is left out unless --examples names it: its work is --population forward
 passes per mini-batch, so at this workload a generation takes seconds and its speed-up measures
-something else. Needs what cluster.py --cpus needs: Linux, root, iproute2's ip (tc for a limited rate) and a
-cgroup cpu controller.
+something else. So are In-Graph-Replication, whose towers split one mini-batch (512 examples
+do not split over 3), and Model-Parallel-Pipeline, whose workers are stages of one model, not
+more data per second (benchmarks/pipeline.py measures it). Needs what cluster.py --cpus needs:
+Linux, root, iproute2's ip (tc for a limited rate) and a cgroup cpu controller.
 """
 import os
 import shlex
@@ -49,7 +51,9 @@ from runs import BASELINE, mini_batches_per_sec, time_to_target
 WORKLOAD = ["--hidden", "4096"]  # with --batch_size 512: computation outweighs the messages
 # Evolution-Strategies spends its CPU on --population forward passes per mini-batch, not on one
 # gradient: at this workload a generation takes seconds, and its speed-up is not the same measure
-LEFT_OUT = {"Evolution-Strategies"}
+# In-Graph-Replication splits one mini-batch over the workers' towers (512 does not split over 3),
+# and Model-Parallel-Pipeline's workers are stages of one model (benchmarks/pipeline.py)
+LEFT_OUT = {"Evolution-Strategies", "In-Graph-Replication", "Model-Parallel-Pipeline"}
 
 
 def parser(prog):

@@ -88,6 +88,22 @@ MUTATIONS = [
     Mutation("EASGD: the chief evaluates its local copy, not the centre", "EASGD/train.py",
              "TrainingLog(args, cluster, easgd.centre,", "TrainingLog(args, cluster, "
              "easgd.local_params,", "tests/test_easgd.py", "centre_not_its_own_copy"),
+    Mutation("In-Graph-Replication: every tower fed the whole mini-batch",
+             "In-Graph-Replication/train.py",
+             "loss = model_loss_and_accuracy(params, x_slices[i], y_slices[i])[0]",
+             "loss = model_loss_and_accuracy(params, x, y)[0]",
+             "tests/test_in_graph_replication.py", "slice or whole_batch"),
+    Mutation("In-Graph-Replication: the towers' gradients summed, not averaged",
+             "In-Graph-Replication/train.py", "[tf.add_n(list(g)) / len(devices) for g",
+             "[tf.add_n(list(g)) for g", "tests/test_in_graph_replication.py",
+             "slice or whole_batch"),
+    Mutation("Model-Parallel-Pipeline: the micro-batches' gradients summed, not averaged",
+             "Model-Parallel-Pipeline/train.py", "tf.add_n(list(g)) / micro_batches)",
+             "tf.add_n(list(g)))", "tests/test_model_parallel_pipeline.py", "same_update"),
+    Mutation("Model-Parallel-Pipeline: a stage waits for the last stage (no pipeline)",
+             "Model-Parallel-Pipeline/train.py", "[last_output[stage]] if m else []",
+             "[last_output[-1]] if m else []", "tests/test_model_parallel_pipeline.py",
+             "waits_for"),
 ]
 
 

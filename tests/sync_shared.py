@@ -5,7 +5,9 @@ tests only check that the copies are equal).
 
 The reference of the appendix (from the plumbing banner to the end) is, by the jobs a train.py
 declares in JOBS: Distributed-Setup for ("ps", "worker"), ParameterServerStrategy for the other
-TensorFlow 2 examples' jobs, Non-Distributed-Setup for (). The reference of a shared block above
+TensorFlow 2 examples' jobs, Non-Distributed-Setup for (); and In-Graph-Replication for the
+examples in ONE_CLIENT, whose one client drives every worker task (their JOBS, ("worker",), are
+MultiWorkerMirroredStrategy's, so the name decides). The reference of a shared block above
 the banner is the first file in REFERENCES that has it.
 """
 import ast
@@ -28,7 +30,13 @@ def declared_jobs(text):
     return None
 
 
-def family(jobs):
+ONE_CLIENT = ("In-Graph-Replication", "Model-Parallel-Pipeline")  # worker 0 drives the others
+
+
+def family(jobs, example=""):
+    """The reference example whose appendix a train.py carries, by its JOBS (and its name)."""
+    if example in ONE_CLIENT:
+        return "In-Graph-Replication"
     if jobs == ("ps", "worker"):
         return "Distributed-Setup"
     return "Non-Distributed-Setup" if jobs == () else "ParameterServerStrategy"
@@ -44,7 +52,7 @@ def main():
     changed = []
     for e in examples:
         text = texts[e]
-        reference = texts[family(declared_jobs(text))]
+        reference = texts[family(declared_jobs(text), e)]
         above = BLOCK.sub(lambda m: "# >>> shared: %s\n%s# <<< shared: %s" % (
             m.group(1), blocks[m.group(1)], m.group(1)), text[:text.index(BANNER)])
         new = above + reference[reference.index(BANNER):]

@@ -15,6 +15,9 @@ NEEDED_BLOCKS = {  # by family: the reference train.py of the jobs a train.py de
     "Non-Distributed-Setup": EVERY_TRAIN_PY | {"graph batches"},
     "Distributed-Setup": EVERY_TRAIN_PY | {"graph batches", "tasks", "cluster and session"},
     "ParameterServerStrategy": EVERY_TRAIN_PY | {"tasks", "tf2 cluster", "tf2 log"},
+    # one client drives every task; a pipeline brings a model of its own (deeper than the MLP)
+    "In-Graph-Replication": (EVERY_TRAIN_PY - {"model"}) | {"graph batches", "tasks",
+                                                            "one client"},
 }
 ALLOWED_IMPORTS = {"argparse", "collections", "json", "math", "os", "shutil", "socket", "sys",
                    "tempfile", "threading", "time",
@@ -26,7 +29,7 @@ MAX_CONCEPTS = 8  # the numbered list at the banner: what a reader copying a fol
 
 
 def family(example):
-    return sync_shared.family(declared_jobs(example))
+    return sync_shared.family(declared_jobs(example), example)
 
 
 def read(example, name):
@@ -128,6 +131,13 @@ def test_every_distributed_run_sh_is_the_same_launcher():
     # a reader sees the processes start near the top
     starts = [i for i, l in enumerate(reference.splitlines(), 1) if l.startswith("for ((i")]
     assert len(starts) == 2 and max(starts) <= 30, starts
+
+
+def test_every_run_sh_of_a_cluster_without_ps_is_the_same_launcher():
+    # the examples with one client start the same worker tasks as MultiWorkerMirroredStrategy
+    reference = read("MultiWorkerMirroredStrategy", "run.sh")
+    one_client = [e for e in EXAMPLES if family(e) == "In-Graph-Replication"]
+    assert one_client and [e for e in one_client if read(e, "run.sh") != reference] == []
 
 
 def test_the_baseline_run_sh_filters_tensorflow_chatter_like_the_launcher():

@@ -56,6 +56,8 @@ def resolve(tf_config, monkeypatch, example="Distributed-Setup"):
     args = module.parse_flags([], module.example_flags)
     if example in DISTRIBUTED_EXAMPLES:
         cluster = module.resolve_cluster(args)
+    elif hasattr(module, "resolve_workers"):  # one client drives the workers (no ps)
+        cluster = module.resolve_workers(args)
     else:
         cluster = module.tf2_cluster(args, manifests.examples()[example])
     return cluster, args.job_name, args.task_index

@@ -1,0 +1,533 @@
+"""In-Graph-Replication: one client, one graph, a copy of the model (a tower) on every device.
+
+What it teaches
+    The other way to use several devices for data parallelism. Between-graph replication (the
+    examples on a ps) starts one client per worker, each with its own graph. Here one client
+    builds one graph that holds a tower per device: the GPUs of this machine, or logical CPU
+    devices when it has none, or the devices of every worker task of a cluster. One input
+    pipeline on the controller device reads a mini-batch and splits it, so each tower gets a
+    different slice; each tower computes its gradients on its own device; the controller
+    averages them and applies one update. With equal slices the average is exactly the
+    gradient of the whole mini-batch, so the towers only split the work: the training is the
+    same as on one device. tf.distribute.MirroredStrategy automates all of this (README.md).
+
+The update rule (each step; N towers, a mini-batch of B examples)
+    x_1 .. x_N <- split(next mini-batch, N)              # on the controller; B/N examples each
+    g_i        <- grad L(params; x_i)                    # on tower i's device
+    params     <- params - learning_rate * (g_1 + ... + g_N) / N     # once, on the controller
+
+Run it
+    python train.py --devices 2      # alone: 2 towers on 2 devices of this process
+    bash run.sh                      # 2 worker tasks on localhost, a tower on each; worker 0
+                                     # is the client, worker 1 only serves its device
+    NUM_WORKERS=3 bash run.sh --devices 2 --batch_size 60   # 3 tasks x 2 devices: 6 towers
+    By hand, one terminal per task (the same flags but the index):
+      H="--worker_hosts h0:2222,h1:2222"
+      python train.py --task_index 1 $H       # on h1: serves until worker 0 is done
+      python train.py --task_index 0 $H       # on h0: the client; drives h1's tower too
+    Or set TF_CONFIG (a "worker" job only) and give no flags.
+
+Use your own model
+    Edit the two sections marked "(replace with your own)": Data and Model. --batch_size must
+    be divisible by the number of towers.
+
+References
+    The CIFAR-10 multi-GPU tutorial of TensorFlow 1 (cifar10_multi_gpu_train.py: towers, and
+    gradients averaged on the CPU); M. Abadi et al., "TensorFlow: A system for large-scale
+    machine learning", OSDI 2016, section 4.4 (in-graph and between-graph replication).
+"""
+import argparse
+import collections
+import json
+import os
+import socket
+import sys
+import time
+
+import numpy as np
+
+tf = None  # loaded once the flags are checked: bad input fails in one line, at once
+EXAMPLE = "In-Graph-Replication"
+JOBS = ("worker",)  # worker 0 is the client, and drives every task; deploy/ and the tests read it
+
+
+def example_flags(parser):
+    parser.add_argument("--devices", type=int, default=1,
+                        help="devices with a tower on each worker task (on this process, when "
+                             "it runs alone): its GPUs if it has that many, else logical CPUs")
+    parser.add_argument("--step_timeout", type=float, default=30,
+                        help="seconds a step may wait for the workers: a lost one ends the run")
+
+
+# --- Data (replace with your own) -----------------------------------------------------------------
+# >>> shared: data
+Dataset = collections.namedtuple("Dataset", "x_train y_train x_test y_test pixel_max")
+
+
+def load_dataset(data_path=""):
+    """Flat integer pixels and integer labels, to train and to test: by default scikit-learn's
+    1797 handwritten 8x8 digits (offline; a fixed fifth to test), or the arrays of mnist.npz."""
+    if data_path:
+        try:
+            with np.load(data_path) as f:
+                x_train, y_train, x_test, y_test = (f[k] for k in ("x_train", "y_train",
+                                                                   "x_test", "y_test"))
+        except (OSError, KeyError, ValueError) as e:  # missing, unreadable, or a key missing
+            fail("cannot load %s (%s): give an .npz with x_train, y_train, x_test and y_test"
+                 % (data_path, str(e).splitlines()[0]))
+    else:
+        from sklearn.datasets import load_digits
+        from sklearn.model_selection import train_test_split
+        x, y = load_digits(return_X_y=True)
+        x_train, x_test, y_train, y_test = train_test_split(x, y, test_size=0.2, random_state=0,
+                                                            stratify=y)
+    flat = lambda x: x.reshape(len(x), -1).astype(np.uint8)
+    return Dataset(flat(x_train), y_train.astype(np.int64), flat(x_test), y_test.astype(np.int64),
+                   pixel_max=max(int(x_train.max()), 1))
+
+
+def scale(pixels, pixel_max):
+    return tf.cast(pixels, tf.float32) / float(pixel_max)
+
+
+def training_dataset(data, batch_size, worker_index, num_workers, seed):
+    """This worker's endless stream of mini-batches: its own shard of the training set (no two
+    workers share an example), reshuffled every epoch."""
+    ds = tf.data.Dataset.from_tensor_slices((data.x_train, data.y_train))
+    ds = ds.shard(num_workers, worker_index)
+    ds = ds.shuffle(len(data.x_train) // num_workers + 1, seed=seed * 1000 + worker_index)
+    ds = ds.repeat().batch(batch_size, drop_remainder=True)
+    return ds.map(lambda x, y: (scale(x, data.pixel_max), y)).prefetch(2)
+
+# <<< shared: data
+
+
+# >>> shared: graph batches
+def training_batches(data, batch_size, worker_index, num_workers, seed):
+    """The next mini-batch of training_dataset, as tensors of the graph (no feed_dict)."""
+    ds = training_dataset(data, batch_size, worker_index, num_workers, seed)
+    return tf.compat.v1.data.make_one_shot_iterator(ds).get_next()
+# <<< shared: graph batches
+
+
+# --- Model (replace with your own) ----------------------------------------------------------------
+# >>> shared: model
+def model_params(num_features, hidden, seed, num_classes=10):
+    """The MLP's variables, created under the current device scope (the ps, in the examples)."""
+    glorot = lambda i: tf.compat.v1.glorot_uniform_initializer(seed=seed * 10 + i)
+    zeros = tf.compat.v1.zeros_initializer()
+    return {"w1": tf.compat.v1.get_variable("w1", [num_features, hidden], initializer=glorot(1)),
+            "b1": tf.compat.v1.get_variable("b1", [hidden], initializer=zeros),
+            "w2": tf.compat.v1.get_variable("w2", [hidden, num_classes], initializer=glorot(2)),
+            "b2": tf.compat.v1.get_variable("b2", [num_classes], initializer=zeros)}
+
+
+def model_loss_and_accuracy(params, x, y):
+    hidden = tf.nn.relu(tf.matmul(x, params["w1"]) + params["b1"])
+    logits = tf.matmul(hidden, params["w2"]) + params["b2"]
+    loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
+    accuracy = tf.reduce_mean(tf.cast(tf.equal(tf.argmax(logits, 1), y), tf.float32))
+    return loss, accuracy
+# <<< shared: model
+
+
+# --- The algorithm --------------------------------------------------------------------------------
+Towers = collections.namedtuple("Towers", "params global_step x_slices tower_gradients "
+                                "mean_gradients loss step")
+
+
+def build_towers(args, devices, controller, x, y):
+    """One synchronous step over a tower per device, on the mini-batch (x, y).
+
+    The variables, the split and the average live on the controller device; a tower reads the
+    variables (a copy to its device), and its forward and backward pass run on its device
+    (tf.gradients places each gradient op beside the op it differentiates).
+    """
+    with tf.compat.v1.device(controller):
+        global_step = tf.compat.v1.train.get_or_create_global_step()
+        params = model_params(int(x.shape[1]), args.hidden, args.seed)  # one copy, shared
+        x_slices = tf.split(x, len(devices))  # a different slice for every tower: feeding
+        y_slices = tf.split(y, len(devices))  # each the whole batch would repeat the work
+    tower_losses, tower_gradients = [], []
+    for i, device in enumerate(devices):
+        with tf.compat.v1.device(device), tf.compat.v1.name_scope("tower%d" % i):
+            loss = model_loss_and_accuracy(params, x_slices[i], y_slices[i])[0]
+            tower_losses.append(loss)
+            tower_gradients.append(tf.gradients(loss, list(params.values())))
+    with tf.compat.v1.device(controller), tf.compat.v1.name_scope("controller"):
+        mean_gradients = [tf.add_n(list(g)) / len(devices) for g in zip(*tower_gradients)]
+        loss = tf.add_n(tower_losses) / len(devices)
+        update = tf.compat.v1.train.GradientDescentOptimizer(args.learning_rate).apply_gradients(
+            zip(mean_gradients, params.values()), global_step=global_step)
+        with tf.control_dependencies([update]):
+            step = global_step.read_value()  # one update; its value: the global step after it
+    return Towers(params, global_step, x_slices, tower_gradients, mean_gradients, loss, step)
+
+
+# --- The training loop ----------------------------------------------------------------------------
+def train(args, cluster, target):
+    """The client's loop: one graph, run on this process alone or on the cluster (target)."""
+    data = load_dataset(args.data_path)
+    devices, controller = run_devices(args, cluster)  # a tower on each device
+    with tf.compat.v1.device(controller):  # one input pipeline, on the controller
+        x, y = training_batches(data, args.batch_size, 0, 1, args.seed)
+    towers = build_towers(args, devices, controller, x, y)
+    with tf.compat.v1.device(controller):
+        x_test = scale(data.x_test, data.pixel_max)
+        log = ClientLog(args, cluster, model_loss_and_accuracy(towers.params, x_test,
+                                                               data.y_test)[1])
+    session = log.start(target, devices)
+    while log.step < args.steps:
+        log.after_update(session, *session.run([towers.loss, towers.step]))
+    return log.end(session, towers=len(devices))
+
+
+def main(argv=None):
+    args = parse_flags(argv, example_flags)  # bad input fails here, before TensorFlow loads
+    cluster = resolve_workers(args)
+    towers = args.devices * (len(cluster["worker"]) if cluster else 1)
+    if args.batch_size % towers:
+        fail("--batch_size %d cannot be split over %d towers: give a multiple of %d"
+             % (args.batch_size, towers, towers))
+    return run_task(args, cluster, train)
+
+
+# ==================================================================================================
+# Plumbing shared by every example (you need not read below)
+# ==================================================================================================
+# What the client of a cluster, and the tasks it drives, need besides the algorithm, in this order;
+# the same text in every train.py with one client (a test keeps the copies equal):
+#   1. flags, and the workers from them or from TF_CONFIG (neither:
+#      this process alone)                                        parse_flags, resolve_workers,
+#                                                                  check_cluster
+#   2. TensorFlow loads after the checks; this task's server and
+#      its devices; a failure ends the task in one line           run_task, task_config, fail,
+#                                                                  cause
+#   3. the other workers serve the client's graph until it says
+#      the run is over                                            serve, run_over_flag, wait_for,
+#                                                                  is_listening
+#   4. the devices that carry the model, and the controller        run_devices
+#   5. the client's session, once every worker answers; the
+#      variables initialised or restored                           ClientLog.start
+#   6. progress lines, test accuracy, checkpoints, TensorBoard    after_update, evaluate
+#   7. the summary line                                            end, print_summary
+# >>> shared: flags
+def fail(message):
+    """One line on stderr and exit status 2: for bad input and lost peers, never for bugs."""
+    print("error: " + message, file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
+def parse_flags(argv, example_flags, distributed=True):
+    """The flags every example shares, then the example's own; bad values fail here."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.error = lambda message: fail(message + " (see --help)")
+    common = [
+        ("steps", int, 2000, "mini-batches to train, summed over the workers"),
+        ("batch_size", int, 64, "examples per mini-batch"),
+        ("learning_rate", float, 0.1, "the workers' learning rate"),
+        ("hidden", int, 128, "width of the MLP's hidden layer"),
+        ("data_path", str, "", "your own images: an .npz like mnist.npz (default: digits)"),
+        ("log_dir", str, "", "checkpoints and summaries; one that has them resumes"),
+        ("seed", int, 0, "seed of the initial weights and the shuffling"),
+        ("metrics_file", str, "", "also write the summary here, as JSON"),
+        ("log_every", int, 100, "progress (the chief's: test accuracy) every N local steps"),
+    ]
+    cluster = [
+        ("job_name", str, "", "ps or worker (or set TF_CONFIG)"),
+        ("task_index", int, 0, "this task's index in its job"),
+        ("ps_hosts", str, "", "comma-separated host:port of the ps tasks"),
+        ("worker_hosts", str, "", "comma-separated host:port of the workers"),
+        ("connect_timeout", float, None, "seconds to wait for the other tasks; if not given, "
+         "60, or 600 under TF_CONFIG (a cluster's pods may start minutes apart)"),
+    ]
+    for flag, kind, default, text in common + (cluster if distributed else []):
+        p.add_argument("--" + flag, type=kind, default=default, help=text)
+    example_flags(p)
+    args = p.parse_args(argv)
+    for flag, value in vars(args).items():
+        if type(value) not in (int, float):
+            continue
+        default = p.get_default(flag)
+        counted = default is None or default >= 1  # a count, a size or a time (None: set later)
+        if value < 0 or (value == 0 and counted):
+            fail("--%s must be %s, got %s" % (flag, "positive" if counted else "0 or more", value))
+    if not args.log_dir:  # a new folder for every run, beside this file
+        run_name = time.strftime("%Y%m%d-%H%M%S-") + str(os.getpid())
+        args.log_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "logs", run_name)
+    return args
+# <<< shared: flags
+
+
+# >>> shared: tasks
+def check_cluster(cluster, job, index):
+    """Every address is host:port, the job is one of the cluster's, the index is in range."""
+    for name, hosts in cluster.items():
+        for address in hosts:
+            host, _, port = str(address).rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                fail("%s hosts: %r is not host:port (for example localhost:2222)"
+                     % (name, address))
+    if job not in cluster:
+        fail("unknown job name %r: use %s" % (job, " or ".join(cluster)))
+    if not 0 <= index < len(cluster[job]):
+        fail("task index %d is out of range: the %s job has %d task(s), 0..%d"
+             % (index, job, len(cluster[job]), len(cluster[job]) - 1))
+
+
+def cause(error):
+    """The line of a TensorFlow error that says what went wrong (not where, nor the trace)."""
+    lines = [line for line in error.message.splitlines()
+             if line.strip() and not line.startswith((" ", "\t", "Node: "))]
+    return lines[-1] if lines else type(error).__name__
+
+
+def is_listening(address):
+    try:
+        socket.create_connection(address.rsplit(":", 1), timeout=1).close()
+    except OSError:
+        return False
+    return True
+
+
+def wait_for(condition, seconds=float("inf"), waiting=None):
+    """Whether condition() came true within seconds (it is checked four times a second). If the
+    wait is long, waiting() says every 30 s what this task waits for: a line a user can act on."""
+    started = last_line = time.time()
+    while not condition():
+        if time.time() > started + seconds:
+            return False
+        if waiting and time.time() > last_line + 30:
+            print("%s (%.0f s so far)" % (waiting(), time.time() - started), flush=True)
+            last_line = time.time()
+        time.sleep(0.25)  # the pace of the checks
+    return True
+# <<< shared: tasks
+
+
+# >>> shared: summary
+def print_summary(role, summary, history, metrics_file):
+    """The summary line, key=value ...; with --metrics_file also as JSON, with the history of the
+    test accuracy ([seconds, global step, accuracy] per evaluation)."""
+    def text(value):
+        if isinstance(value, list):
+            return ",".join(str(v) for v in value)
+        if isinstance(value, float):
+            return "%.6g" % value
+        return str(value)
+    fields = " ".join("%s=%s" % (key, text(value)) for key, value in summary.items())
+    print("[%s] summary %s" % (role, fields), flush=True)
+    if metrics_file:
+        with open(metrics_file, "w") as f:
+            json.dump(dict(summary, history=history), f, indent=1)
+# <<< shared: summary
+
+
+# >>> shared: one client
+def resolve_workers(args):
+    """The workers from the flags, or else from TF_CONFIG (a "worker" job, a "chief" as worker 0,
+    and no ps); None when neither is given: this process runs alone. Sets job_name, task_index, role, and
+    connect_timeout if not given: 60 s, or 600 s under TF_CONFIG."""
+    job, index = args.job_name or "worker", args.task_index
+    if args.ps_hosts:
+        fail("this example has no parameter server: give --worker_hosts only")
+    from_flags = bool(args.worker_hosts or args.job_name)
+    if from_flags:
+        if not args.worker_hosts:
+            fail("give --worker_hosts (or set TF_CONFIG, or neither to run alone)")
+        cluster = {"worker": args.worker_hosts.replace(" ", "").split(",")}
+    elif "TF_CONFIG" in os.environ:
+        try:
+            config = json.loads(os.environ["TF_CONFIG"])
+            spec, job = config["cluster"], config["task"]["type"]
+            index = int(config["task"].get("index") or 0)
+            chief = list(spec.get("chief", [])) + list(spec.get("master", []))
+            cluster = {"worker": chief + list(spec.get("worker", []))}
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            fail("TF_CONFIG is not valid cluster JSON with a worker job (%s: %s)"
+                 % (type(e).__name__, e))
+        if spec.get("ps"):
+            fail("this example has no parameter server: TF_CONFIG names a ps job")
+        if job in ("chief", "master"):  # a chief is the client: worker 0
+            job, index = "worker", 0
+        elif job == "worker":
+            index += len(chief)  # the workers come after the chief
+    else:
+        args.job_name, args.role = "", "local"
+        return None
+    if args.connect_timeout is None:  # a cluster's pods may start minutes apart
+        args.connect_timeout = 60.0 if from_flags else 600.0
+    check_cluster(cluster, job, index)
+    args.job_name, args.task_index, args.role = job, index, "worker%d" % index
+    return cluster
+
+
+def task_config(args):
+    """A session's and a server's devices: --devices CPU devices (logical ones share the cores),
+    and one thread per op, to leave cores to the other tasks on the same machine."""
+    return tf.compat.v1.ConfigProto(device_count={"CPU": args.devices},
+                                    intra_op_parallelism_threads=1)
+
+
+def run_task(args, cluster, train):
+    """Load TensorFlow; alone, train in this process; in a cluster, start this task's server,
+    then worker 0 trains (it is the client) and the others serve."""
+    global tf  # loaded only now: bad input has failed in one line, without TensorFlow's start-up
+    if cluster and is_listening(cluster["worker"][args.task_index]):
+        fail("%s: port %s is already in use: by an earlier run?"
+             % (args.role, cluster["worker"][args.task_index]))
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before the import: no C++ info lines
+    import tensorflow as tf
+    tf.compat.v1.disable_eager_execution()
+    tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)
+    try:
+        if not cluster:
+            return train(args, None, "")
+        server = tf.compat.v1.train.Server(cluster, job_name="worker",
+                                           task_index=args.task_index, config=task_config(args))
+        if args.task_index > 0:
+            return serve(args, cluster, server)
+        return train(args, cluster, server.target)
+    except tf.errors.OpError as e:
+        lost = isinstance(e, (tf.errors.UnavailableError, tf.errors.DeadlineExceededError))
+        why = "a worker is gone or did not answer within --step_timeout" if lost else cause(e)
+        print("error: %s stopped: %s: %s" % (args.role, type(e).__name__, why),
+              file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(2)  # the session's threads, stuck on the lost worker, would keep exit() waiting
+
+
+def run_over_flag(index):
+    """A flag on worker index that the client raises when the run is over. The variable has the
+    same name in the client's graph and in the worker's, so the worker reads what the client
+    writes, on its own device: ending needs no other task."""
+    with tf.compat.v1.device("/job:worker/task:%d" % index):
+        return tf.compat.v1.Variable(False, collections=[], name="run_over_%d" % index)
+
+
+def serve(args, cluster, server):
+    """A worker other than the client runs what the client's graph places on it until the
+    client says the run is over; TensorFlow's server never ends by itself. A client that is
+    lost or restarts does not end it (a restarted client resumes with the same workers). A
+    worker whose flag no client has set up within --connect_timeout served no one: an error."""
+    index = args.task_index
+    with tf.Graph().as_default():
+        run_over = run_over_flag(index)
+        set_up = tf.compat.v1.is_variable_initialized(run_over)
+        session = tf.compat.v1.Session(server.target, config=tf.compat.v1.ConfigProto(
+            device_filters=["/job:worker/task:%d" % index]))  # itself: nobody else to wait for
+    print("[%s] serving %d device(s) at %s for the client, worker 0" % (
+        args.role, args.devices, cluster["worker"][index]), flush=True)
+    if not wait_for(lambda: session.run(set_up), args.connect_timeout, waiting=lambda: (
+            "[%s] waiting for the client (worker0) at %s" % (args.role, cluster["worker"][0]))):
+        fail("%s: no client came within %g s: this worker served no one"
+             % (args.role, args.connect_timeout))
+    wait_for(lambda: session.run(run_over))
+    print("[%s] the run is over; shutting down" % args.role, flush=True)
+    return 0
+
+
+def run_devices(args, cluster):
+    """The devices that carry the model, in order: --devices of each worker task (or of this
+    process alone), its GPUs if this machine has that many, else CPUs (task_config makes
+    them); and the controller, the client's CPU, where the shared variables and the input go."""
+    kind = "GPU" if len(tf.config.list_physical_devices("GPU")) >= args.devices else "CPU"
+    tasks = ["/job:worker/task:%d" % i for i in range(len(cluster["worker"]))] if cluster else [""]
+    devices = ["%s/device:%s:%d" % (task, kind, d) for task in tasks for d in range(args.devices)]
+    return devices, tasks[0] + "/device:CPU:0"
+
+
+class ClientLog(object):
+    """The client's session, progress lines, test accuracy, checkpoints, TensorBoard summaries
+    and summary line. test_accuracy: a tensor of the model's accuracy on the test set."""
+
+    def __init__(self, args, cluster, test_accuracy):
+        self.args, self.cluster, self.test_accuracy = args, cluster, test_accuracy
+        self.global_step = tf.compat.v1.train.get_or_create_global_step()
+        self.loss = tf.compat.v1.placeholder(tf.float32, [], name="loss")
+        self.summaries = tf.compat.v1.summary.merge([
+            tf.compat.v1.summary.scalar("test_accuracy", test_accuracy),
+            tf.compat.v1.summary.scalar("loss", self.loss)])
+        self.step, self.last_loss, self.history = 0, float("nan"), []
+        self.last_checkpoint = 0.0  # when the client last saved one
+        others = range(1, len(cluster["worker"])) if cluster else []
+        self.run_over = [run_over_flag(k) for k in others]  # every other worker's own flag
+        self.raise_run_over = [flag.assign(True) for flag in self.run_over]
+
+    def start(self, target, devices):
+        """The session, once every worker answers; the variables restored from --log_dir or
+        initialised."""
+        args, role = self.args, self.args.role
+        self.saver = tf.compat.v1.train.Saver()  # the variables, wherever they live
+        init = tf.compat.v1.global_variables_initializer()
+        tf.compat.v1.get_default_graph().finalize()  # a loop that adds ops would grow forever
+        workers = self.cluster["worker"] if self.cluster else []
+        silent = lambda: [w for w in workers if not is_listening(w)]
+        if not wait_for(lambda: not silent(), args.connect_timeout, waiting=lambda: (
+                "[%s] waiting for the worker(s) at %s" % (role, ",".join(silent())))):
+            fail("%s: cannot reach the worker(s) at %s: are they running?"
+                 % (role, ",".join(silent())))
+        config = task_config(args)
+        config.operation_timeout_in_ms = int(args.step_timeout * 1000)  # a lost worker: an error
+        session = tf.compat.v1.Session(target, config=config)
+        print("[%s] client: log_dir=%s" % (role, args.log_dir), flush=True)
+        print("[%s] the model on %d device(s): %s" % (role, len(devices), " ".join(devices)),
+              flush=True)
+        self.writer = tf.compat.v1.summary.FileWriter(args.log_dir, session.graph)
+        session.run([flag.initializer for flag in self.run_over])  # the run is not over
+        checkpoint = tf.train.latest_checkpoint(args.log_dir)
+        if checkpoint:
+            self.saver.restore(session, checkpoint)
+            print("[%s] resuming from the checkpoint at global step %d"
+                  % (role, session.run(self.global_step)), flush=True)
+        else:
+            session.run(init)
+        self.step = self.start_step = int(session.run(self.global_step))
+        self.started = time.time()
+        self.progress_step, self.progress_time = self.step, self.started
+        print("[%s] training started" % role, flush=True)
+        return session
+
+    def after_update(self, session, loss, global_step):
+        """Count the update; every --log_every steps a progress line with the test accuracy."""
+        self.step, self.last_loss = int(global_step), float(loss)
+        if self.step % self.args.log_every:
+            return
+        rate = (self.step - self.progress_step) / (time.time() - self.progress_time)
+        print("[%s] global_step=%d loss=%.4f test_accuracy=%.4f steps_per_sec=%.1f" % (
+            self.args.role, self.step, loss, self.evaluate(session, self.step), rate), flush=True)
+        self.progress_step, self.progress_time = self.step, time.time()
+
+    def evaluate(self, session, global_step, checkpoint=False):
+        """The test accuracy, also to TensorBoard, after a checkpoint (one per 30 s)."""
+        if checkpoint or time.time() > self.last_checkpoint + 30:
+            self.saver.save(session, os.path.join(self.args.log_dir, "model.ckpt"), global_step)
+            self.last_checkpoint = time.time()
+        accuracy, summaries = session.run([self.test_accuracy, self.summaries],
+                                          {self.loss: self.last_loss})
+        self.writer.add_summary(summaries, global_step)
+        self.history.append([round(time.time() - self.started, 3), global_step, float(accuracy)])
+        return float(accuracy)
+
+    def end(self, session, **extra):
+        """The last checkpoint and evaluation, and the summary line with the example's extra
+        fields; then the client tells the other workers that the run is over."""
+        step = int(session.run(self.global_step))
+        updates = step - self.start_step
+        rate = updates / (time.time() - self.started)
+        workers = len(self.cluster["worker"]) if self.cluster else 1
+        summary = dict(example=EXAMPLE, test_accuracy=self.evaluate(session, step, True),
+                       global_step=step, workers=workers, ps=0, lost_workers=0,
+                       local_steps=[updates], updates=updates, steps_per_sec=rate,
+                       examples_per_sec=rate * self.args.batch_size, **extra)
+        print_summary(self.args.role, summary, self.history, self.args.metrics_file)
+        self.writer.close()
+        session.run(self.raise_run_over)
+        session.close()
+        return 0
+# <<< shared: one client
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,207 @@
+"""Model-Parallel-Pipeline: the split model computes what the whole model does, M micro-batches
+make the update of one, every layer's variables and work stay on its stage's task, each stage's
+busy time is measured, and a run over two tasks trains to the bar and ends by itself."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import (ACCURACY_BAR, ROOT, error_lines, fixed_batch,
+                      free_ports, load_train_module, run_train)
+
+EXAMPLE = "Model-Parallel-Pipeline"
+
+
+def pipeline_graph(*argv, cluster=None, batch=32):
+    """The example's pipeline on fixed_batch(batch), in a graph of its own (a small model)."""
+    import tensorflow as tf
+    module = load_train_module(EXAMPLE)
+    args = module.parse_flags(["--hidden", "16", "--layers", "3"] + list(argv),
+                              module.example_flags)
+    module.resolve_workers(args)
+    graph = tf.Graph()
+    with graph.as_default():
+        devices, _ = module.run_devices(args, cluster)
+        pipeline = module.build_pipeline(args, devices, *fixed_batch(n=batch))
+        init = tf.compat.v1.global_variables_initializer()
+    return module, args, graph, pipeline, init
+
+
+def one_step(*argv):
+    """(loss, gradients, parameters before, parameters after) of one step, alone."""
+    import tensorflow as tf
+    module, args, graph, pipeline, init = pipeline_graph(*argv)
+    variables = [v for layer in pipeline.layers for v in (layer["w"], layer["b"])]
+    with tf.compat.v1.Session(graph=graph, config=module.task_config(args)) as session:
+        session.run(init)
+        before = session.run(variables)
+        loss, gradients = session.run([pipeline.loss, pipeline.gradients])
+        session.run(pipeline.step)
+        after = session.run(variables)
+    return loss, gradients, before, after
+
+
+def assert_all_close(a, b):
+    for i, (x, y) in enumerate(zip(a, b)):
+        np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6, err_msg="variable %d" % i)
+
+
+def test_each_stage_gets_an_equal_share_of_the_weights_as_near_as_whole_layers_allow():
+    module = load_train_module(EXAMPLE)
+    sizes = [64] + [256] * 5 + [10]  # the default model: 4 square matrices between two thin
+    assert module.stage_of_each_layer(sizes, 2) == [0, 0, 0, 1, 1, 1]
+    assert module.stage_of_each_layer(sizes, 4) == [0, 0, 1, 2, 3, 3]
+    assert module.stage_of_each_layer(sizes, 1) == [0] * 6
+
+
+def test_the_split_models_loss_and_gradients_equal_the_unsplit_models():
+    whole = one_step("--devices", "1", "--micro_batches", "1")
+    split = one_step("--devices", "2", "--micro_batches", "1")
+    assert whole[0] == pytest.approx(split[0], rel=1e-6)
+    assert_all_close(whole[2], split[2])  # the same initial parameters
+    assert all(np.abs(g).max() > 1e-4 for g in whole[1])
+    assert_all_close(whole[1], split[1])
+
+
+@pytest.mark.parametrize("micro_batches", [2, 4, 8])
+def test_m_micro_batches_give_the_same_update_as_one(micro_batches):
+    one = one_step("--devices", "2", "--micro_batches", "1")
+    many = one_step("--devices", "2", "--micro_batches", str(micro_batches))
+    assert many[0] == pytest.approx(one[0], rel=1e-5)  # the mean of the micro-batches' losses
+    assert_all_close(many[1], one[1])  # the accumulated gradient
+    assert not all(np.allclose(b, a) for b, a in zip(one[2], one[3]))  # the step moved them
+    assert_all_close(many[3], one[3])  # and to the same place
+
+
+def test_the_micro_batches_are_different_slices_of_the_mini_batch():
+    import tensorflow as tf
+    module, args, graph, pipeline, init = pipeline_graph("--micro_batches", "4")
+    splits = [op for op in graph.get_operations() if op.type == "Split"]
+    with tf.compat.v1.Session(graph=graph) as session:
+        x_micro = session.run([t for t in splits[0].outputs])
+    assert [len(x) for x in x_micro] == [8, 8, 8, 8]
+    rows = [set(map(bytes, x)) for x in x_micro]
+    assert all(not rows[i] & rows[j] for i in range(4) for j in range(i + 1, 4))
+
+
+def ancestors(op):
+    """Every op that op waits for, through its inputs and control inputs."""
+    seen, todo = set(), [op]
+    while todo:
+        current = todo.pop()
+        for before in [t.op for t in current.inputs] + list(current.control_inputs):
+            if before.name not in seen:
+                seen.add(before.name)
+                todo.append(before)
+    return seen
+
+
+def test_a_stage_waits_for_its_own_previous_micro_batch_and_never_for_the_next_stage():
+    module, args, graph, pipeline, init = pipeline_graph("--devices", "2", "--micro_batches", "4")
+
+    def first_op(stage, m):  # where the stage takes the micro-batch in
+        return graph.get_operation_by_name("stage%d/micro%d/Identity" % (stage, m))
+    for m in range(1, 4):
+        waits_for = ancestors(first_op(0, m))
+        assert any(n.startswith("stage0/micro%d/" % (m - 1)) for n in waits_for)  # GPipe's order
+        # the pipeline: stage 0 may take micro-batch m while stage 1 still works on m - 1
+        assert not any(n.startswith("stage1/") for n in waits_for), m
+        assert any(n.startswith("stage0/micro%d/" % m) for n in ancestors(first_op(1, m)))
+
+
+def test_each_layer_lives_and_works_on_its_stages_task():
+    import tensorflow as tf
+    module = load_train_module(EXAMPLE)
+    cluster = {"worker": ["localhost:%d" % p for p in free_ports(2)]}
+    args = module.parse_flags([], module.example_flags)
+    servers = [tf.compat.v1.train.Server(cluster, job_name="worker", task_index=i,
+                                         config=module.task_config(args)) for i in range(2)]
+    module, args, graph, pipeline, init = pipeline_graph(
+        "--micro_batches", "2", "--worker_hosts", ",".join(cluster["worker"]), cluster=cluster)
+    assert pipeline.stage_of == [0, 0, 1, 1]
+    for layer, stage in zip(pipeline.layers, pipeline.stage_of):
+        for v in layer.values():
+            assert v.device == "/job:worker/task:%d/device:CPU:0" % stage, v.name
+    metadata = tf.compat.v1.RunMetadata()
+    with tf.compat.v1.Session(servers[0].target, graph=graph) as session:
+        session.run(init)
+        session.run(pipeline.step, options=tf.compat.v1.RunOptions(
+            trace_level=tf.compat.v1.RunOptions.FULL_TRACE), run_metadata=metadata)
+    ran = {0: set(), 1: set()}
+    for device in metadata.step_stats.dev_stats:
+        task = int(device.device.split("task:")[1][0])
+        ran[task] |= {op.node_name for op in device.node_stats
+                      if op.node_name != "RecvTensor"}  # not a tensor in transit
+
+    def work_of(stage, names):  # the stage's forward and backward ops, variable reads aside
+        return {n for n in names if "stage%d/" % stage in n and not n.endswith("ReadVariableOp")}
+    for stage in (0, 1):
+        assert any(n.startswith("stage%d/" % stage) for n in work_of(stage, ran[stage]))
+        assert any(n.startswith("gradients") for n in work_of(stage, ran[stage]))  # backward
+        assert not work_of(stage, ran[1 - stage]), (stage, sorted(work_of(stage, ran[1 - stage])))
+
+
+def test_covered_time_counts_overlapping_intervals_once():
+    module = load_train_module(EXAMPLE)
+    assert module.covered([]) == 0
+    assert module.covered([(0, 10), (5, 15), (20, 30), (21, 22)]) == 25
+
+
+def summary_of(stdout):
+    line = [l for l in stdout.splitlines() if "] summary " in l][-1]
+    return dict(kv.split("=", 1) for kv in line.split("] summary ", 1)[1].split())
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--batch_size", "64", "--micro_batches", "3"], "cannot be cut into 3 micro-batches"),
+    (["--devices", "4", "--layers", "2"], "4 stages for 3 layers: give --layers 3 or more"),
+])
+def test_a_pipeline_it_cannot_build_fails_in_one_line(argv, message, tmp_path):
+    code, out, err = run_train(EXAMPLE, argv + ["--log_dir", str(tmp_path)])
+    assert code == 2 and "Traceback" not in err
+    assert len(error_lines(err)) == 1 and message in error_lines(err)[0], err
+
+
+def test_alone_on_two_devices_it_reports_each_stages_busy_fraction(tmp_path):
+    code, out, err = run_train(EXAMPLE, ["--devices", "2", "--steps", "60", "--log_every", "20",
+                                         "--log_dir", str(tmp_path)])
+    assert code == 0, err[-2000:]
+    summary = summary_of(out)
+    assert summary["stages"] == "2" and summary["micro_batches"] == "4"
+    busy = [float(b) for b in summary["stage_busy"].split(",")]
+    assert len(busy) == 2 and all(0 < b <= 1 for b in busy), busy
+
+
+def test_across_two_tasks_it_reaches_the_bar_and_every_process_exits(run_example):
+    run = run_example(EXAMPLE, timeout=240)
+    assert run.code == 0, run.output[-3000:]
+    summary = run.summary()
+    assert float(summary["test_accuracy"]) >= ACCURACY_BAR, summary
+    assert summary["stages"] == "2" and summary["workers"] == "2"
+    assert summary["global_step"] == "2000"
+    assert "[worker0] the model on 2 device(s): /job:worker/task:0/device:CPU:0 " \
+           "/job:worker/task:1/device:CPU:0" in run.output
+    assert "[worker1] the run is over; shutting down" in run.output
+    assert "[run.sh] all processes finished" in run.output
+
+
+@pytest.mark.benchmark
+@pytest.mark.cluster
+@pytest.mark.timeout(900)
+def test_the_pipeline_benchmark_smoke_run_measures_every_m_and_leaves_nothing(tmp_path):
+    from test_cluster import missing_for_namespaces
+    from test_compare import assert_runs_left_nothing
+    if missing_for_namespaces():
+        pytest.skip(missing_for_namespaces())
+    out = tmp_path / "results"
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "pipeline.py"),
+                           "--quick", "--out", str(out)], capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
+    table = (out / "pipeline.md").read_text()
+    for m in (1, 2, 4, 8):
+        assert "\n| %d |" % m in table, table
+    assert (out / "pipeline.png").read_bytes().startswith(b"\x89PNG")
+    assert len(assert_runs_left_nothing(tmp_path, out / "logs")) == 4  # a cluster per M, gone
