@@ -199,7 +199,7 @@ def main(argv=None):
 # the same text in every train.py with one client (a test keeps the copies equal):
 #   1. flags, and the workers from them or from TF_CONFIG (neither:
 #      this process alone)                                        parse_flags, resolve_workers,
-#                                                                  check_cluster
+#                                                                  check_cluster, positive_seconds
 #   2. TensorFlow loads after the checks; this task's server and
 #      its devices; a failure ends the task in one line           run_task, task_config, fail,
 #                                                                  cause
@@ -216,6 +216,14 @@ def fail(message):
     """One line on stderr and exit status 2: for bad input and lost peers, never for bugs."""
     print("error: " + message, file=sys.stderr, flush=True)
     sys.exit(2)
+
+
+def positive_seconds(text):
+    """A flag's value in seconds, more than 0 (a flag whose default, None, is settled later)."""
+    seconds = float(text)
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError("must be positive, got %s" % text)
+    return seconds
 
 
 def parse_flags(argv, example_flags, distributed=True):
@@ -239,8 +247,8 @@ def parse_flags(argv, example_flags, distributed=True):
         ("task_index", int, 0, "this task's index in its job"),
         ("ps_hosts", str, "", "comma-separated host:port of the ps tasks"),
         ("worker_hosts", str, "", "comma-separated host:port of the workers"),
-        ("connect_timeout", float, None, "seconds to wait for the other tasks; if not given, "
-         "60, or 600 under TF_CONFIG (a cluster's pods may start minutes apart)"),
+        ("connect_timeout", positive_seconds, None, "seconds to wait for the other tasks; if "
+         "not given, 60, or 600 under TF_CONFIG (a cluster's pods may start minutes apart)"),
     ]
     for flag, kind, default, text in common + (cluster if distributed else []):
         p.add_argument("--" + flag, type=kind, default=default, help=text)
@@ -250,7 +258,7 @@ def parse_flags(argv, example_flags, distributed=True):
         if type(value) not in (int, float):
             continue
         default = p.get_default(flag)
-        counted = default is None or default >= 1  # a count, a size or a time (None: set later)
+        counted = type(default) in (int, float) and default >= 1  # a count, a size or a time
         if value < 0 or (value == 0 and counted):
             fail("--%s must be %s, got %s" % (flag, "positive" if counted else "0 or more", value))
     if not args.log_dir:  # a new folder for every run, beside this file

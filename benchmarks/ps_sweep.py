@@ -44,7 +44,7 @@ SHARDABLE = ("Distributed-Setup", "Sync-SGD")  # the examples with --shard_varia
 
 def parser(prog):
     p = runs.argparse_for(prog, __doc__)
-    runs.add_run_flags(p, steps=600, eval_every=30)
+    runs.add_run_flags(p, steps=300, eval_every=30)
     p.set_defaults(batch_size=512)
     p.add_argument("--examples", default=",".join(SHARDABLE),
                    help="comma-separated, of %s (default: both)" % ", ".join(SHARDABLE))

@@ -45,17 +45,17 @@ def family(jobs, example=""):
 def main():
     examples = sorted(d for d in os.listdir(ROOT) if os.path.isfile(os.path.join(ROOT, d, "train.py")))
     texts = {e: open(os.path.join(ROOT, e, "train.py")).read() for e in examples}
-    blocks = {}
+    blocks = {}  # every shared block, above or below a banner: the first reference's text
     for e in REFERENCES + examples:
-        for name, body in BLOCK.findall(texts[e][:texts[e].index(BANNER)]):
+        for name, body in BLOCK.findall(texts[e]):
             blocks.setdefault(name, body)
+    canonical = lambda text: BLOCK.sub(lambda m: "# >>> shared: %s\n%s# <<< shared: %s" % (
+        m.group(1), blocks[m.group(1)], m.group(1)), text)
     changed = []
     for e in examples:
         text = texts[e]
         reference = texts[family(declared_jobs(text), e)]
-        above = BLOCK.sub(lambda m: "# >>> shared: %s\n%s# <<< shared: %s" % (
-            m.group(1), blocks[m.group(1)], m.group(1)), text[:text.index(BANNER)])
-        new = above + reference[reference.index(BANNER):]
+        new = canonical(text[:text.index(BANNER)] + reference[reference.index(BANNER):])
         if new != text:
             with open(os.path.join(ROOT, e, "train.py"), "w") as f:
                 f.write(new)
