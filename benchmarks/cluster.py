@@ -534,6 +534,7 @@ def supervise(tasks, console, deadline, keep_going, start, schedule):
     leaders = [t for t in tasks if t.job == ending_job(t.job for t in tasks)]
     while pending or any(t.running() for t in leaders):
         SIGNALS.check()
+        failed += [t.describe_exit() for t in reap(tasks)]  # so an ended task is not restarted
         while pending and time.time() - first_start >= pending[0][0]:
             seconds, kind, role = pending.pop(0)
             task = by_role[role]
@@ -545,7 +546,6 @@ def supervise(tasks, console, deadline, keep_going, start, schedule):
                 stop_tasks([task], signals=(signal.SIGKILL,))
                 console.say("restart %s at +%.0f s: killed; starting it again" % (role, seconds))
             start(task)
-        failed += [t.describe_exit() for t in reap(tasks)]
         if failed and (not keep_going or any(f.startswith(("ps", "chief")) for f in failed)):
             console.say("failed: %s; stopping the cluster" % ", ".join(failed))
             return failed

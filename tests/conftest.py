@@ -92,12 +92,20 @@ class Run(object):
         pytest.fail("no line containing %r in:\n%s" % (text, self.output[-3000:]))
 
 
+def interruptible():
+    """In the child before it runs: SIGINT at its default, as in a terminal. A suite started in
+    the background of a script inherits SIGINT ignored, and an ignored signal cannot be
+    trapped, so a launcher's Ctrl-C handling could not be tested."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start_example(example, args, env=None):
     """Start bash run.sh in its own session, so a test can always stop all of it."""
     full_env = dict(os.environ, **(env or {}))
     return subprocess.Popen(["bash", os.path.join(example_dir(example), "run.sh")] + list(args),
                             cwd=example_dir(example), env=full_env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            preexec_fn=interruptible)
 
 
 def finish(proc, timeout):

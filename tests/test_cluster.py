@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from conftest import ACCURACY_BAR, ROOT, assert_nothing_left, finish, read_until
+from conftest import ACCURACY_BAR, ROOT, assert_nothing_left, finish, interruptible, read_until
 
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 import cluster as cluster_tool  # noqa: E402  (benchmarks/ is not a package)
@@ -47,7 +47,8 @@ def start_tool(args, env=None):
     """cluster.py in its own session (SIGINT at its default), so a test can always stop it all."""
     return subprocess.Popen([sys.executable, CLUSTER_PY] + list(args), cwd=ROOT,
                             env=dict(os.environ, **(env or {})), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            preexec_fn=interruptible)
 
 
 def assert_run_left_nothing(proc, tmp_path):
@@ -133,7 +134,7 @@ def test_each_family_trains_to_the_bar_with_every_task_on_its_own_host(example, 
     ("Hogwild", 0, "ps0", "worker0", ["--steps", "20000"]),
     ("DOWNPOUR", 7, "worker1", "worker1", ["--steps", "40000"]),
     # a round waits --step_timeout for the restarted worker, which may take a while to load
-    ("Sync-SGD", 7, "worker1", "worker1", ["--steps", "8000", "--step_timeout", "120"]),
+    ("Sync-SGD", 7, "worker1", "worker1", ["--steps", "16000", "--step_timeout", "120"]),
 ])
 def test_tasks_that_start_apart_and_one_that_restarts_still_train_to_the_bar(
         example, seed, last, restarted, train_args, tmp_path):

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import EXAMPLES, ROOT, assert_nothing_left, read_until
+from conftest import EXAMPLES, ROOT, assert_nothing_left, interruptible, read_until
 from test_cluster import needs_namespaces
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -322,7 +322,8 @@ def run_benchmark(argv, timeout):
     """A benchmark script in a session of its own; past timeout it gets SIGINT (it stops its
     run, and cluster.py its namespaces), then SIGKILL. Returns (exit status, output)."""
     proc = subprocess.Popen([sys.executable] + argv, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            preexec_fn=interruptible)
     try:
         output, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -399,7 +400,8 @@ def test_ctrl_c_during_a_network_comparison_stops_the_run_and_removes_its_namesp
     proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "benchmarks", "compare.py"),
                              "--bandwidth", "20mbit", "--examples", "Hogwild", "--out", str(out),
                              "--steps", "3000"], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            preexec_fn=interruptible)
     log = out / "logs" / "bandwidth-Hogwild-20mbit.log"
     try:
         read_until(proc, "[2/2] Hogwild, 2 workers, links 20mbit", timeout=120)
