@@ -170,10 +170,21 @@ def build_pss(args, cluster, data):
 
 # --- The training loop ----------------------------------------------------------------------------
 def train(args, cluster):
-    """The coordinator's loop: schedule until --steps mini-batches, evaluating on the way."""
+    """Schedule until --steps mini-batches, evaluating on the way; then the summary line."""
     data = load_dataset(args.data_path)
     pss = build_pss(args, cluster, data)
-    for name, p in pss.params.items():  # where the variables live (a large one, in shards)
+    log, local_steps = schedule_until_done(args, cluster, pss, data)
+    return log.end(int(pss.global_step.numpy()), local_steps,
+                   lost_workers=sum(not is_listening(a) for a in cluster["worker"]),
+                   steps_per_call=args.steps_per_call)
+
+
+# >>> shared: coordinator
+def schedule_until_done(args, cluster, pss, data):
+    """The coordinator's loop: schedule calls of pss.train_steps until --steps mini-batches,
+    a progress line (with the test accuracy) on the way; returns the log and each worker's
+    count of mini-batches, once every scheduled call has run."""
+    for name, p in pss.params.items():  # where the variables live (in slices, if partitioned)
         print("[chief0] %s %s on %s" % (name, p.shape.as_list(), ", ".join(
             v.device.split("/device")[0] for v in getattr(p, "variables", [p]))), flush=True)
     log = Tf2Log(args, cluster, pss.params, data, tf.train.Checkpoint(
@@ -186,10 +197,7 @@ def train(args, cluster):
         if call % every == 0:  # wait for this call only: the others keep running
             log.progress(float(loss.fetch()), int(pss.global_step.numpy()))
     pss.coordinator.join()  # every scheduled call has run (again elsewhere, if a worker died)
-    local_steps = [int(s) for s in pss.steps_per_worker.numpy()]
-    return log.end(int(pss.global_step.numpy()), local_steps,
-                   lost_workers=sum(not is_listening(a) for a in cluster["worker"]),
-                   steps_per_call=args.steps_per_call)
+    return log, [int(s) for s in pss.steps_per_worker.numpy()]
 
 
 def end_when_no_worker_answers(args, cluster):
@@ -209,14 +217,21 @@ def end_when_no_worker_answers(args, cluster):
         time.sleep(1)  # the pace of the checks
 
 
-def main(argv=None):
-    args = parse_flags(argv, example_flags)  # bad input fails here, before TensorFlow loads
+def run_pss_task(args, train):
+    """This task of a ParameterServerStrategy cluster: the chief coordinates (train), a ps or a
+    worker only serves until the coordinator is gone."""
     cluster = tf2_cluster(args, JOBS)
     os.environ["GRPC_FAIL_FAST"] = "use_caller"  # a lost worker fails fast; its work moves on
     start_tensorflow(args, cluster)
-    if args.job_name != "chief":  # a ps or a worker only serves, until the coordinator is gone
+    if args.job_name != "chief":
         return serve_until_gone(args, cluster, cluster["chief"][0])
     return run_and_exit(train, args, cluster)
+# <<< shared: coordinator
+
+
+def main(argv=None):
+    args = parse_flags(argv, example_flags)  # bad input fails here, before TensorFlow loads
+    return run_pss_task(args, train)
 
 
 # ==================================================================================================

@@ -60,6 +60,7 @@ def example_flags(parser):
 
 
 # --- Data (replace with your own) -----------------------------------------------------------------
+# >>> shared: clicks
 Dataset = collections.namedtuple("Dataset", "x_train y_train x_test y_test pixel_max best_scores")
 DATA_SEED = 2026  # the hidden model and the examples are the same in every run and on every task
 
@@ -98,6 +99,7 @@ def training_dataset(data, batch_size, worker_index, num_workers, seed):
     ds = tf.data.Dataset.from_tensor_slices((data.x_train, data.y_train))
     ds = ds.shard(num_workers, worker_index).shuffle(20000, seed=seed * 1000 + worker_index)
     return ds.repeat().batch(batch_size, drop_remainder=True).prefetch(2)
+# <<< shared: clicks
 
 
 # --- Model (replace with your own) ----------------------------------------------------------------
@@ -181,10 +183,38 @@ def build_sparse_pss(args, cluster, data):
 
 # --- The training loop ----------------------------------------------------------------------------
 def train(args, cluster):
-    """The coordinator's loop: schedule until --steps mini-batches, evaluating on the way."""
+    """Schedule until --steps mini-batches, evaluating on the way; then the AUC and the summary."""
     data = make_clicks(args.rows)
     pss = build_sparse_pss(args, cluster, data)
-    for name, p in pss.params.items():  # where the tables live: a slice on each ps
+    log, local_steps = schedule_until_done(args, cluster, pss, data)
+    test_logits = model_loss_and_accuracy(pss.params, data.x_test, data.y_test)[2]
+    return log.end(int(pss.global_step.numpy()), local_steps,
+                   lost_workers=sum(not is_listening(a) for a in cluster["worker"]),
+                   steps_per_call=args.steps_per_call,
+                   test_auc=float(auc(test_logits, data.y_test)),
+                   best_auc=float(auc(data.best_scores, data.y_test)), rows=args.rows,
+                   dim=args.dim)
+
+
+# >>> shared: auc
+def auc(scores, clicks):
+    """Area under the ROC curve: the chance that a click scores above a non-click (from the
+    ranks of the scores; 0.5 is chance, 1 a perfect ranking)."""
+    ranks = tf.cast(tf.argsort(tf.argsort(scores)), tf.float64) + 1.0
+    clicks = tf.cast(clicks, tf.float64)
+    positives = tf.reduce_sum(clicks)
+    negatives = tf.cast(tf.size(clicks), tf.float64) - positives
+    return (tf.reduce_sum(ranks * clicks) - positives * (positives + 1) / 2) / (
+        positives * negatives)
+# <<< shared: auc
+
+
+# >>> shared: coordinator
+def schedule_until_done(args, cluster, pss, data):
+    """The coordinator's loop: schedule calls of pss.train_steps until --steps mini-batches,
+    a progress line (with the test accuracy) on the way; returns the log and each worker's
+    count of mini-batches, once every scheduled call has run."""
+    for name, p in pss.params.items():  # where the variables live (in slices, if partitioned)
         print("[chief0] %s %s on %s" % (name, p.shape.as_list(), ", ".join(
             v.device.split("/device")[0] for v in getattr(p, "variables", [p]))), flush=True)
     log = Tf2Log(args, cluster, pss.params, data, tf.train.Checkpoint(
@@ -197,25 +227,7 @@ def train(args, cluster):
         if call % every == 0:  # wait for this call only: the others keep running
             log.progress(float(loss.fetch()), int(pss.global_step.numpy()))
     pss.coordinator.join()  # every scheduled call has run (again elsewhere, if a worker died)
-    local_steps = [int(s) for s in pss.steps_per_worker.numpy()]
-    test_logits = model_loss_and_accuracy(pss.params, data.x_test, data.y_test)[2]
-    return log.end(int(pss.global_step.numpy()), local_steps,
-                   lost_workers=sum(not is_listening(a) for a in cluster["worker"]),
-                   steps_per_call=args.steps_per_call,
-                   test_auc=float(auc(test_logits, data.y_test)),
-                   best_auc=float(auc(data.best_scores, data.y_test)), rows=args.rows,
-                   dim=args.dim)
-
-
-def auc(scores, clicks):
-    """Area under the ROC curve: the chance that a click scores above a non-click (from the
-    ranks of the scores; 0.5 is chance, 1 a perfect ranking)."""
-    ranks = tf.cast(tf.argsort(tf.argsort(scores)), tf.float64) + 1.0
-    clicks = tf.cast(clicks, tf.float64)
-    positives = tf.reduce_sum(clicks)
-    negatives = tf.cast(tf.size(clicks), tf.float64) - positives
-    return (tf.reduce_sum(ranks * clicks) - positives * (positives + 1) / 2) / (
-        positives * negatives)
+    return log, [int(s) for s in pss.steps_per_worker.numpy()]
 
 
 def end_when_no_worker_answers(args, cluster):
@@ -235,17 +247,23 @@ def end_when_no_worker_answers(args, cluster):
         time.sleep(1)  # the pace of the checks
 
 
+def run_pss_task(args, train):
+    """This task of a ParameterServerStrategy cluster: the chief coordinates (train), a ps or a
+    worker only serves until the coordinator is gone."""
+    cluster = tf2_cluster(args, JOBS)
+    os.environ["GRPC_FAIL_FAST"] = "use_caller"  # a lost worker fails fast; its work moves on
+    start_tensorflow(args, cluster)
+    if args.job_name != "chief":
+        return serve_until_gone(args, cluster, cluster["chief"][0])
+    return run_and_exit(train, args, cluster)
+# <<< shared: coordinator
+
 
 def main(argv=None):
     args = parse_flags(argv, example_flags)  # bad input fails here, before TensorFlow loads
     if args.data_path:
         fail("--data_path: this example makes its own clicks; replace make_clicks with yours")
-    cluster = tf2_cluster(args, JOBS)
-    os.environ["GRPC_FAIL_FAST"] = "use_caller"  # a lost worker fails fast; its work moves on
-    start_tensorflow(args, cluster)
-    if args.job_name != "chief":  # a ps or a worker only serves, until the coordinator is gone
-        return serve_until_gone(args, cluster, cluster["chief"][0])
-    return run_and_exit(train, args, cluster)
+    return run_pss_task(args, train)
 
 
 # ==================================================================================================

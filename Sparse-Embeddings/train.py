@@ -59,6 +59,7 @@ def example_flags(parser):
 
 
 # --- Data (replace with your own) -----------------------------------------------------------------
+# >>> shared: clicks
 Dataset = collections.namedtuple("Dataset", "x_train y_train x_test y_test pixel_max best_scores")
 DATA_SEED = 2026  # the hidden model and the examples are the same in every run and on every task
 
@@ -97,6 +98,7 @@ def training_dataset(data, batch_size, worker_index, num_workers, seed):
     ds = tf.data.Dataset.from_tensor_slices((data.x_train, data.y_train))
     ds = ds.shard(num_workers, worker_index).shuffle(20000, seed=seed * 1000 + worker_index)
     return ds.repeat().batch(batch_size, drop_remainder=True).prefetch(2)
+# <<< shared: clicks
 
 
 # >>> shared: graph batches
@@ -182,6 +184,7 @@ def train(args, cluster, server):
                    gradients="dense" if args.dense_gradients else "sparse")
 
 
+# >>> shared: auc
 def auc(scores, clicks):
     """Area under the ROC curve: the chance that a click scores above a non-click (from the
     ranks of the scores; 0.5 is chance, 1 a perfect ranking)."""
@@ -191,6 +194,7 @@ def auc(scores, clicks):
     negatives = tf.cast(tf.size(clicks), tf.float64) - positives
     return (tf.reduce_sum(ranks * clicks) - positives * (positives + 1) / 2) / (
         positives * negatives)
+# <<< shared: auc
 
 
 def main(argv=None):
