@@ -156,12 +156,22 @@ def build_dynsgd(args, cluster, x, y):
             local_step = tf.identity(loss, name="local_step")
         change = {name: local_params[name] - pulled_params[name] for name in global_params}
 
-    with tf.compat.v1.device(global_step.device):  # the lock, and all it guards, on the ps
+    ps = global_step.device
+    with tf.compat.v1.device(ps):
         one_at_a_time = tf.CriticalSection(name="dynsgd_lock", shared_name="dynsgd_lock")
+
+    def locked_on_the_ps(fn):
+        """fn's ops, and the lock's, all on the ps: the lock is held for the ps's own work only.
+        Inputs from the worker (the change) arrive before it is taken; its outputs leave after
+        it is released. Built under the worker's device, every hop would be inside the lock."""
+        with tf.compat.v1.device(ps):
+            return one_at_a_time.execute(fn, exclusive_resource_access=False)
 
     def push_on_the_ps():  # inside the lock: one read of the clock serves every use
         clock = global_step.read_value()
-        staleness = clock - pulled_at[k]  # pushes of others since this worker pulled
+        # pushes of others since this worker pulled; never below 0, even if a restored clock
+        # is behind the pull this worker noted (else 1 / (staleness + 1) could divide by 0)
+        staleness = tf.maximum(clock - pulled_at[k], 0)
         scale = 1.0 / tf.cast(staleness + 1, tf.float32)
         applied = [theta.assign_add(scale * change[name], read_value=False)
                    for name, theta in global_params.items()]
@@ -180,10 +190,10 @@ def build_dynsgd(args, cluster, x, y):
             return {name: tf.identity(value) for name, value in values.items()}
 
     def copy_global_to_local():
-        values = one_at_a_time.execute(read_on_the_ps, exclusive_resource_access=False)
+        values = locked_on_the_ps(read_on_the_ps)
         return tf.group(*[copy[n].assign(values[n], read_value=False)
                           for copy in (local_params, pulled_params) for n in values])
-    push = one_at_a_time.execute(push_on_the_ps, exclusive_resource_access=False)
+    push = locked_on_the_ps(push_on_the_ps)
     pull = copy_global_to_local()
     with tf.control_dependencies([push]):
         with tf.control_dependencies([copy_global_to_local()]):
