@@ -167,10 +167,10 @@ def build_sparse_pss(args, cluster, data):
             rate = args.learning_rate / strategy.num_replicas_in_sync  # the replicas' mean
             for v, g in zip(slices, per_replica):
                 for part in strategy.experimental_local_results(g):  # one per replica
-                    if isinstance(part, tf.IndexedSlices):  # only its rows, on the slice's ps
-                        v.scatter_sub(tf.IndexedSlices(rate * part.values, part.indices))
-                    else:  # the bias
+                    if v is params["bias"]:  # one number: its gradient is dense
                         v.assign_sub(rate * part)
+                    else:  # a slice of a table: only its rows, on the slice's ps
+                        v.scatter_sub(rows_only(v, part, rate))
             global_step.assign_add(1)  # on the ps, with no lock, like the steps
             loss = strategy.reduce("MEAN", losses, axis=None)
         worker = tf.distribute.coordinator.experimental_get_current_worker_index()
@@ -179,6 +179,17 @@ def build_sparse_pss(args, cluster, data):
         return loss
     return SparsePss(strategy, coordinator, params, slices, global_step, steps_per_worker,
                      iterator, train_steps)
+
+
+def rows_only(table_slice, gradient, rate):
+    """The rows of a table slice to subtract: rate times its gradient, which must be row-sparse
+    (tf.IndexedSlices, as tf.nn.embedding_lookup gives). A dense one, from a model that reads
+    the table whole, would move every row of the slice each step: it fails here, loudly."""
+    if not isinstance(gradient, tf.IndexedSlices):
+        raise TypeError("the gradient of table slice %s is dense: read the table with "
+                        "tf.nn.embedding_lookup only, so a step moves only its rows"
+                        % table_slice.name)
+    return tf.IndexedSlices(rate * gradient.values, gradient.indices)
 
 
 # --- The training loop ----------------------------------------------------------------------------

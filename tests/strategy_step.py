@@ -3,6 +3,9 @@
     python strategy_step.py ParameterServerStrategy OUT.npz
         a ps, a worker and the coordinator in this process (real gRPC servers); one scheduled
         call of one step on the worker's whole shard
+    python strategy_step.py Sparse-Embeddings-TF2 OUT.npz PS0,PS1,WORKER,CHIEF [dense]
+        2 ps, a worker and the coordinator in this process; one call of one step on a table
+        of 2 slices; dense: with a model that reads the embeddings whole (the error it gives)
     python strategy_step.py MultiWorkerMirroredStrategy OUT.npz TASK_INDEX PORT0,PORT1
         one of two workers (start both): one synchronous step, each on its whole shard
 
@@ -74,6 +77,50 @@ def parameter_server_strategy(out):
     save(out, data, before, values(pss.params))
 
 
+def sparse_embeddings_tf2(out):
+    ports = [int(p) for p in sys.argv[3].split(",")]  # ps0, ps1, worker, chief
+    cluster = {"ps": ["localhost:%d" % p for p in ports[:2]],
+               "worker": ["localhost:%d" % ports[2]], "chief": ["localhost:%d" % ports[3]]}
+    os.environ["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": {"type": "chief",
+                                                                      "index": 0}})
+    import tensorflow as tf
+    tf.config.threading.set_inter_op_parallelism_threads(4)  # servers and coordinator: 2 cores
+    spec = tf.train.ClusterSpec(cluster)
+    for job, index in (("ps", 0), ("ps", 1), ("worker", 0)):
+        tf.distribute.Server(spec, job_name=job, task_index=index, protocol="grpc", start=True)
+    module = load("Sparse-Embeddings-TF2")
+    module.tf = tf
+    # 40000 x 4 floats: 640 kB, two slices of the partitioner's 256 kB at least
+    args = module.parse_flags(["--rows", "40000", "--dim", "4", "--batch_size", "8",
+                               "--steps_per_call", "1", "--learning_rate", "1",
+                               "--ps_hosts", ",".join(cluster["ps"]), "--worker_hosts",
+                               cluster["worker"][0], "--chief_host", cluster["chief"][0]],
+                              module.example_flags)
+    data = module.make_clicks(args.rows, train_examples=1000, test_examples=10)
+    if sys.argv[4:] == ["dense"]:  # a user's model that scales the whole table, then looks up
+        sparse_model = module.model_loss_and_accuracy
+
+        def model_loss_and_accuracy(params, ids, clicks):
+            whole = tf.convert_to_tensor(params["embeddings"]) * 1.0
+            return sparse_model(dict(params, embeddings=whole), ids, clicks)
+        module.model_loss_and_accuracy = model_loss_and_accuracy
+    pss = module.build_sparse_pss(args, cluster, data)
+    tables = lambda: {n: np.concatenate([v.numpy() for v in getattr(p, "variables", [p])])
+                      for n, p in pss.params.items() if n != "bias"}
+    before = tables()
+    first_batch = next(iter(module.training_dataset(data, args.batch_size, 0, 1, args.seed)))
+    try:
+        pss.coordinator.schedule(pss.train_steps, args=(pss.iterator,))
+        pss.coordinator.join()
+        error = ""
+    except Exception as e:  # the test reads what the user would see
+        error = "%s: %s" % (type(e).__name__, e)
+    np.savez(out, ids=first_batch[0].numpy(), error=error, rows=args.rows,
+             slices=len(getattr(pss.params["embeddings"], "variables", [0])),
+             **{"before_" + n: v for n, v in before.items()},
+             **{"after_" + n: v for n, v in tables().items()})
+
+
 def multi_worker_mirrored_strategy(out):
     task, ports = int(sys.argv[3]), sys.argv[4].split(",")
     cluster = {"worker": ["localhost:%s" % p for p in ports]}
@@ -96,6 +143,7 @@ def multi_worker_mirrored_strategy(out):
 if __name__ == "__main__":
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     {"ParameterServerStrategy": parameter_server_strategy,
+     "Sparse-Embeddings-TF2": sparse_embeddings_tf2,
      "MultiWorkerMirroredStrategy": multi_worker_mirrored_strategy}[sys.argv[1]](sys.argv[2])
     sys.stdout.flush()
     os._exit(0)  # the in-process servers would keep the process alive

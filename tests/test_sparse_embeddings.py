@@ -8,8 +8,8 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import (ROOT, error_lines, finish, free_ports, load_train_module, run_train,
-                      start_example, assert_nothing_left)
+from conftest import (ROOT, error_lines, finish, free_ports, load_train_module,
+                      one_strategy_step, run_train, start_example, assert_nothing_left)
 from test_cluster import missing_for_namespaces
 
 EXAMPLE = "Sparse-Embeddings"
@@ -87,6 +87,30 @@ def test_a_step_changes_only_the_rows_of_the_ids_in_its_batch():
     for name in tables:
         changed = np.nonzero(np.any((after[name] != before[name]).reshape(640, -1), axis=1))[0]
         assert set(changed.tolist()) == touched, name
+
+
+def test_every_slice_of_the_embeddings_starts_from_its_own_draw():
+    """Three ps: no row of one slice starts equal to a row of another (one seed for every
+    slice's initializer made rows r, r + R/3 and r + 2R/3 start alike)."""
+    import tensorflow as tf
+    module = load_train_module(EXAMPLE)
+    ports = free_ports(4)
+    cluster = {"ps": ["localhost:%d" % p for p in ports[:3]], "worker": ["localhost:%d" % ports[3]]}
+    spec = tf.compat.v1.train.ClusterSpec(cluster)
+    servers = [tf.compat.v1.train.Server(spec, job_name=job, task_index=i, start=True)
+               for job, i in (("ps", 0), ("ps", 1), ("ps", 2), ("worker", 0))]
+    args = module.parse_flags(["--rows", "600", "--dim", "4"], module.example_flags)
+    with tf.Graph().as_default() as graph:
+        sgd = module.build_sparse_sgd(args, cluster, tf.constant([[1, 2]], tf.int64),
+                                      tf.constant([1.0]))
+        init = tf.compat.v1.global_variables_initializer()
+    with tf.compat.v1.Session(servers[3].target, graph=graph) as session:
+        session.run(init)
+        slices = session.run(list(sgd.global_params["embeddings"]))
+    assert [s.shape for s in slices] == [(200, 4)] * 3
+    table = np.concatenate(slices)
+    assert len(np.unique(table, axis=0)) == 600, "rows of different slices start alike"
+    assert 0.08 < table.std() < 0.12  # still N(0, 0.1)
 
 
 def test_the_hash_spreads_the_lookups_over_four_slices_within_20_percent():
@@ -205,6 +229,31 @@ def test_tensorflow_2_slices_each_table_over_the_ps_and_resumes_into_another_cou
     assert "[chief0] resuming from the checkpoint at global step 300" in second_run.output
     assert second["updates"] == "0" and second["test_auc"] == first["test_auc"]
     assert_nothing_left(str(tmp_path))
+
+
+def test_tensorflow_2_a_step_changes_only_the_rows_looked_up_in_both_slices():
+    """Sparse-Embeddings-TF2: one scheduled step on a table of 2 slices over 2 ps changes, in
+    each table, exactly the rows of the mini-batch's ids, in whichever slice they sit."""
+    (step,) = one_strategy_step("Sparse-Embeddings-TF2", ",".join(map(str, free_ports(4))))
+    assert str(step["error"]) == "" and int(step["slices"]) == 2
+    rows = int(step["rows"])
+    touched = set(load_train_module(EXAMPLE).rows_of(step["ids"], rows).ravel().tolist())
+    assert {r // (rows // 2) for r in touched} == {0, 1}  # rows in both slices
+    for name in ("embeddings", "linear"):
+        moved = step["after_" + name] != step["before_" + name]
+        changed = np.nonzero(moved.reshape(rows, -1).any(axis=1))[0]
+        assert set(changed.tolist()) == touched, name
+
+
+def test_tensorflow_2_a_table_slice_with_a_dense_gradient_fails_loudly():
+    """A model that reads a table whole gives its slices dense gradients: each step would move
+    every row of the table. The step refuses it in one message naming the slice."""
+    (step,) = one_strategy_step("Sparse-Embeddings-TF2", ",".join(map(str, free_ports(4))),
+                                "dense")
+    error = str(step["error"])
+    assert "TypeError: the gradient of table slice embeddings/part_0" in error and \
+        "tf.nn.embedding_lookup" in error, error
+    np.testing.assert_array_equal(step["after_embeddings"], step["before_embeddings"])
 
 
 @pytest.mark.benchmark
