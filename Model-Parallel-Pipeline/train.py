@@ -25,8 +25,8 @@ Run it
 
 Use your own model
     Edit the sections marked "(replace with your own)": Data, and Model (layers, each its
-    variables and a function of the layer before). stage_of_each_layer gives each stage an
-    equal share of the weights, as near as whole layers allow. --batch_size must divide by
+    variables and a function of the layer before). stage_of_each_layer gives each stage a run
+    of whole layers, the largest stage as small as it can be. --batch_size must divide by
     --micro_batches.
 
 References
@@ -146,14 +146,25 @@ Pipeline = collections.namedtuple("Pipeline", "layers stage_of global_step loss 
 
 
 def stage_of_each_layer(sizes, stages):
-    """The stage of every layer: each stage an equal share of the weights, as near as whole
-    layers allow (a layer goes where the middle of its weights falls)."""
+    """The stage of every layer: consecutive layers to each stage, at least one each, and the
+    largest stage's weights as few as whole layers allow (the slowest stage sets the pace).
+    Needs at least as many layers as stages."""
     weights = [a * b for a, b in zip(sizes, sizes[1:])]
-    stage_of, before = [], 0
-    for w in weights:
-        stage_of.append(min(stages - 1, int((before + w / 2) / sum(weights) * stages)))
-        before += w
-    return stage_of
+    best = {}  # (first layer, stages): the least largest stage of layers first.. on them
+
+    def split(first, stages):  # (largest stage's weights, layers on each stage)
+        if stages == 1:
+            return sum(weights[first:]), [len(weights) - first]
+        if (first, stages) not in best:
+            options = []
+            for count in range(1, len(weights) - first - stages + 2):  # leave one a stage
+                largest, counts = split(first + count, stages - 1)
+                options.append((max(sum(weights[first:first + count]), largest),
+                                [count] + counts))
+            best[first, stages] = min(options)
+        return best[first, stages]
+    counts = split(0, stages)[1]
+    return [stage for stage, count in enumerate(counts) for _ in range(count)]
 
 
 def build_pipeline(args, devices, x, y):
@@ -222,9 +233,15 @@ class StageClock(object):
         metadata = tf.compat.v1.RunMetadata()
         values = session.run(fetches, options=tf.compat.v1.RunOptions(
             trace_level=tf.compat.v1.RunOptions.FULL_TRACE), run_metadata=metadata)
+        self.count(metadata.step_stats)
+        return values
+
+    def count(self, step_stats):
+        """Add a traced step's busy time per stage, and its length."""
         spans_of_stage, every_span = [[] for _ in self.devices], []
-        for device in metadata.step_stats.dev_stats:
-            name = device.device.replace("/replica:0", "")
+        for device in step_stats.dev_stats:
+            # a GPU's kernels are logged under .../device:GPU:0/stream:<n> (and stream:all)
+            name = device.device.replace("/replica:0", "").split("/stream:")[0]
             stages = [s for s, d in enumerate(self.devices) if name.endswith(d)]
             for op in device.node_stats:
                 span = (op.all_start_micros, op.all_start_micros + op.all_end_rel_micros)
@@ -234,7 +251,6 @@ class StageClock(object):
         self.length += max(end for _, end in every_span) - min(s for s, _ in every_span)
         for stage, spans in enumerate(spans_of_stage):
             self.busy[stage] += covered(spans)
-        return values
 
     def fractions(self):
         return [round(b / self.length, 3) if self.length else 0.0 for b in self.busy]
