@@ -3,6 +3,9 @@
     python strategy_step.py ParameterServerStrategy OUT.npz
         a ps, a worker and the coordinator in this process (real gRPC servers); one scheduled
         call of one step on the worker's whole shard
+    python strategy_step.py ParameterServerStrategy-two-workers OUT.npz PS,WORKER0,WORKER1,CHIEF
+        a ps, two workers and the coordinator in this process; 16 scheduled calls that each
+        read one mini-batch (the worker's whole shard) and say which worker read it
     python strategy_step.py Sparse-Embeddings-TF2 OUT.npz PS0,PS1,WORKER,CHIEF [dense]
         2 ps, a worker and the coordinator in this process; one call of one step on a table
         of 2 slices; dense: with a model that reads the embeddings whole (the error it gives)
@@ -77,6 +80,39 @@ def parameter_server_strategy(out):
     save(out, data, before, values(pss.params))
 
 
+def parameter_server_strategy_two_workers(out):
+    ports = [int(p) for p in sys.argv[3].split(",")]  # ps, worker0, worker1, chief
+    cluster = {"ps": ["localhost:%d" % ports[0]],
+               "worker": ["localhost:%d" % p for p in ports[1:3]],
+               "chief": ["localhost:%d" % ports[3]]}
+    os.environ["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": {"type": "chief",
+                                                                      "index": 0}})
+    import tensorflow as tf
+    tf.config.threading.set_inter_op_parallelism_threads(4)  # servers and coordinator: 2 cores
+    spec = tf.train.ClusterSpec(cluster)
+    for job, index in (("ps", 0), ("worker", 0), ("worker", 1)):
+        tf.distribute.Server(spec, job_name=job, task_index=index, protocol="grpc", start=True)
+    module = load("ParameterServerStrategy")
+    module.tf = tf
+    args = module.parse_flags(["--hidden", str(HIDDEN), "--batch_size", str(EXAMPLES_PER_WORKER),
+                               "--ps_hosts", cluster["ps"][0], "--worker_hosts",
+                               ",".join(cluster["worker"]), "--chief_host", cluster["chief"][0]],
+                              module.example_flags)
+    data = known_data(module, 2)
+    pss = module.build_pss(args, cluster, data)
+
+    @tf.function
+    def read_a_mini_batch(iterator):  # on whichever worker the coordinator picks
+        x, _ = next(iterator)
+        return tf.distribute.coordinator.experimental_get_current_worker_index(), x
+    calls = [pss.coordinator.schedule(read_a_mini_batch, args=(pss.iterator,))
+             for _ in range(16)]
+    pss.coordinator.join()
+    read = [call.fetch() for call in calls]
+    np.savez(out, x=data.x_train, pixel_max=data.pixel_max,
+             worker=np.array([int(w) for w, _ in read]), batches=np.stack([b for _, b in read]))
+
+
 def sparse_embeddings_tf2(out):
     ports = [int(p) for p in sys.argv[3].split(",")]  # ps0, ps1, worker, chief
     cluster = {"ps": ["localhost:%d" % p for p in ports[:2]],
@@ -143,6 +179,7 @@ def multi_worker_mirrored_strategy(out):
 if __name__ == "__main__":
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     {"ParameterServerStrategy": parameter_server_strategy,
+     "ParameterServerStrategy-two-workers": parameter_server_strategy_two_workers,
      "Sparse-Embeddings-TF2": sparse_embeddings_tf2,
      "MultiWorkerMirroredStrategy": multi_worker_mirrored_strategy}[sys.argv[1]](sys.argv[2])
     sys.stdout.flush()
