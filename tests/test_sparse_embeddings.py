@@ -209,25 +209,41 @@ def test_data_path_is_refused_in_one_line():
 def test_tensorflow_2_slices_each_table_over_the_ps_and_resumes_into_another_count(tmp_path):
     """Sparse-Embeddings-TF2: ShardedVariables from the strategy's variable_partitioner, a slice
     on each ps; the clicks ranked above chance; a checkpoint of 2 ps resumes on 3 and ranks the
-    test pairs exactly as before; every process ends by itself."""
+    test pairs exactly as before, then trains on, every one of the 3 slices; every process ends
+    by itself."""
+    import tensorflow as tf
     logs = str(tmp_path / "logs")
 
-    def run(ps):
+    def run(ps, steps):
         run = finish(start_example("Sparse-Embeddings-TF2", [
-            "--log_dir", logs, "--rows", "100000", "--steps", "300", "--log_every", "100"],
+            "--log_dir", logs, "--rows", "100000", "--steps", str(steps), "--log_every", "100"],
             env={"NUM_PS": str(ps), "NUM_WORKERS": "1"}), timeout=180)
         assert run.code == 0, run.output[-3000:]
         assert "[run.sh] all processes finished" in run.output
         return run, run.summary()
-    first_run, first = run(2)
+
+    def embeddings():  # the table in the newest checkpoint, whole
+        reader = tf.train.load_checkpoint(logs)
+        (key,) = [k for k in reader.get_variable_to_shape_map()
+                  if k.startswith("embeddings/") and "OPTIMIZER" not in k]
+        return reader.get_tensor(key)
+    first_run, first = run(2, 300)
     assert "[chief0] embeddings [100000, 32] on /job:ps/replica:0/task:0, " \
         "/job:ps/replica:0/task:1" in first_run.output
     assert first["global_step"] == "300" and float(first["test_auc"]) > 0.6
-    second_run, second = run(3)
+    second_run, second = run(3, 300)
     assert "[chief0] embeddings [100000, 32] on /job:ps/replica:0/task:0, " \
         "/job:ps/replica:0/task:1, /job:ps/replica:0/task:2" in second_run.output
     assert "[chief0] resuming from the checkpoint at global step 300" in second_run.output
     assert second["updates"] == "0" and second["test_auc"] == first["test_auc"]
+    restored = embeddings()
+    third_run, third = run(3, 400)  # on the 3 slices, 100 mini-batches more
+    assert "[chief0] resuming from the checkpoint at global step 300" in third_run.output
+    assert third["updates"] == "100" and third["global_step"] == "400"
+    assert float(third["test_auc"]) > 0.6 and third["test_auc"] != second["test_auc"]
+    changed = np.nonzero(np.any(embeddings() != restored, axis=1))[0]
+    assert set(np.unique(changed * 3 // 100000).tolist()) == {0, 1, 2}, \
+        "rows changed in the slices %s of 3" % sorted(set(changed * 3 // 100000))
     assert_nothing_left(str(tmp_path))
 
 
