@@ -147,7 +147,7 @@ MUTATIONS = [
     Mutation("Model-Parallel-Pipeline: a stage waits for the last stage (no pipeline)",
              "Model-Parallel-Pipeline/train.py", "[last_output[stage]] if m else []",
              "[last_output[-1]] if m else []", "tests/test_model_parallel_pipeline.py",
-             "waits_for"),
+             "waits_for or works_on_a_micro_batch"),
 ]
 
 

@@ -139,6 +139,35 @@ def test_a_stage_waits_for_its_own_previous_micro_batch_and_never_for_the_next_s
         assert any(n.startswith("stage0/micro%d/" % m) for n in ancestors(first_op(1, m)))
 
 
+def test_in_a_traced_step_stage_1_works_on_a_micro_batch_while_stage_0_works_on_the_next():
+    # GPipe's overlap, seen in time: within a step, some forward op of stage 1 on micro-batch
+    # m runs while one of stage 0 on m + 1 runs (two logical CPUs; one step may happen not to
+    # overlap on a busy machine, so up to 20 traced steps)
+    import tensorflow as tf
+    module, args, graph, pipeline, init = pipeline_graph(
+        "--devices", "2", "--micro_batches", "4", "--hidden", "1024", batch=1024)
+
+    def forward_spans(metadata, stage, m):
+        prefix = "stage%d/micro%d/" % (stage, m)
+        return [(op.all_start_micros, op.all_start_micros + op.all_end_rel_micros)
+                for device in metadata.step_stats.dev_stats for op in device.node_stats
+                if op.node_name.startswith(prefix)]
+
+    def overlap(a, b):
+        return any(s1 < e2 and s2 < e1 for s1, e1 in a for s2, e2 in b)
+    with tf.compat.v1.Session(graph=graph, config=module.task_config(args)) as session:
+        session.run(init)
+        for _ in range(20):
+            metadata = tf.compat.v1.RunMetadata()
+            session.run(pipeline.step, options=tf.compat.v1.RunOptions(
+                trace_level=tf.compat.v1.RunOptions.FULL_TRACE), run_metadata=metadata)
+            assert forward_spans(metadata, 1, 3), "the trace has no forward op of stage 1"
+            if any(overlap(forward_spans(metadata, 1, m), forward_spans(metadata, 0, m + 1))
+                   for m in range(3)):
+                return
+    pytest.fail("in 20 steps stage 1 never worked while stage 0 took the next micro-batch")
+
+
 def test_each_layer_lives_and_works_on_its_stages_task():
     import tensorflow as tf
     module = load_train_module(EXAMPLE)
