@@ -29,7 +29,7 @@ import time
 
 import readme  # benchmarks/readme.py: the figures reach the READMEs only through here
 import shared  # benchmarks/shared.py: link rates and the one-line error
-import runs  # benchmarks/runs.py: how every benchmark runs an example and reads its metrics
+import runs  # benchmarks/runs.py: how this benchmark runs an example and reads its metrics
 from runs import BASELINE, ROOT, TARGET, line_style, time_to_target
 
 

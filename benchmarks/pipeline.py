@@ -31,7 +31,7 @@ import time
 
 import cluster  # benchmarks/cluster.py: the hosts, their CPU quotas and their links
 import readme  # benchmarks/readme.py: the figures reach the READMEs only through here
-import runs  # benchmarks/runs.py: how every benchmark runs an example and reads its metrics
+import runs  # benchmarks/runs.py: how this benchmark runs an example and reads its metrics
 import shared  # benchmarks/shared.py: the one-line error
 from runs import mini_batches_per_sec
 

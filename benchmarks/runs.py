@@ -1,5 +1,7 @@
-"""How the benchmarks run an example and read its results: one place for compare.py,
-bandwidth.py and window_sweep.py.
+"""How most benchmarks run an example and read its results: compare.py, bandwidth.py,
+window_sweep.py, scaling.py, ps_sweep.py and pipeline.py (sparse_embeddings.py takes only its
+command line). throughput.py and stragglers.py start the example's run.sh themselves: one
+example on localhost, its metrics file read back.
 
 A run is either the example's own run.sh on localhost, what a user runs first, or
 benchmarks/cluster.py, every task a host of its own behind links of a given rate. Either way

@@ -43,7 +43,7 @@ import time
 
 import cluster  # benchmarks/cluster.py: the hosts, their CPU quotas and their links
 import readme  # benchmarks/readme.py: the figures reach the READMEs only through here
-import runs  # benchmarks/runs.py: how every benchmark runs an example and reads its metrics
+import runs  # benchmarks/runs.py: how this benchmark runs an example and reads its metrics
 import shared  # benchmarks/shared.py: link rates and the one-line error
 from bandwidth import parse_rates
 from runs import BASELINE, mini_batches_per_sec, time_to_target

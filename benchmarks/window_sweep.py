@@ -33,7 +33,7 @@ import time
 import cluster  # benchmarks/cluster.py: rates, and what a machine needs for --bandwidth
 import shared  # benchmarks/shared.py: link rates and the one-line error
 import readme  # benchmarks/readme.py: the figures reach the READMEs only through here
-import runs  # benchmarks/runs.py: how every benchmark runs an example and reads its metrics
+import runs  # benchmarks/runs.py: how this benchmark runs an example and reads its metrics
 from runs import TARGET, mini_batches_per_sec, time_to_target
 
 EXAMPLES = ("DOWNPOUR", "ADAG")
