@@ -76,6 +76,17 @@ MUTATIONS = [
              'for v in getattr(p, "variables", [p])]\n',
              'for v in getattr(p, "variables", [p])[:2]]\n',
              "tests/test_sparse_embeddings.py", "tensorflow_2_slices"),
+    Mutation("Distributed-Setup: a resumed chief initialises everything, restores only the step",
+             "Distributed-Setup/train.py", "                self.saver.restore(session, checkpoint)\n",
+             "                session.run(global_init)\n                self.global_step.load("
+             "tf.train.load_variable(checkpoint, 'global_step'), session)\n",
+             "tests/test_distributed_setup.py", "same_log_dir_resumes"),
+    Mutation("Evolution-Strategies: a resumed chief initialises theta, restores only the step",
+             "Evolution-Strategies/train.py",
+             "                self.saver.restore(session, checkpoint)\n",
+             "                session.run(global_init)\n                self.global_step.load("
+             "tf.train.load_variable(checkpoint, 'global_step'), session)\n",
+             "tests/test_evolution_strategies.py", "rerun_resumes"),
     Mutation("DOWNPOUR: pushes the mean of the gradients, not the sum", "DOWNPOUR/train.py",
              "[(a.read_value(), p) for a, p in", "[(a.read_value() / args.window, p) for a, p in",
              "tests/test_downpour.py", OP_BY_OP),

@@ -73,6 +73,13 @@ def test_a_rerun_with_the_same_log_dir_resumes_from_the_checkpoint(run_example, 
     one_worker = {"NUM_WORKERS": "1"}
     first = run_example("Distributed-Setup", "--steps", "300", log_dir=log_dir, env=one_worker)
     assert first.code == 0 and first.summary()["global_step"] == "300", first.output[-3000:]
+    # the parameters come back, not only the step: a rerun with nothing left to train
+    # evaluates the checkpointed parameters, and scores exactly what the first run scored
+    again = run_example("Distributed-Setup", "--steps", "300", log_dir=log_dir, env=one_worker)
+    assert again.code == 0, again.output[-3000:]
+    assert "resuming from the checkpoint at global step 300" in again.output
+    assert again.summary()["updates"] == "0"
+    assert again.summary()["test_accuracy"] == first.summary()["test_accuracy"]
     second = run_example("Distributed-Setup", "--steps", "500", log_dir=log_dir, env=one_worker)
     assert second.code == 0, second.output[-3000:]
     assert "resuming from the checkpoint at global step 300" in second.output
