@@ -159,11 +159,13 @@ def build_dynsgd(args, cluster, x, y):
     ps = global_step.device
     with tf.compat.v1.device(ps):
         one_at_a_time = tf.CriticalSection(name="dynsgd_lock", shared_name="dynsgd_lock")
+        arrived = {name: tf.identity(c) for name, c in change.items()}  # here before the lock
 
     def locked_on_the_ps(fn):
         """fn's ops, and the lock's, all on the ps: the lock is held for the ps's own work only.
-        Inputs from the worker (the change) arrive before it is taken; its outputs leave after
-        it is released. Built under the worker's device, every hop would be inside the lock."""
+        Its inputs are on the ps before it is taken (the lock waits for them: the change
+        has arrived); its outputs leave after it is released. Built under the worker's
+        device, every hop would be inside the lock."""
         with tf.compat.v1.device(ps):
             return one_at_a_time.execute(fn, exclusive_resource_access=False)
 
@@ -173,7 +175,7 @@ def build_dynsgd(args, cluster, x, y):
         # is behind the pull this worker noted (else 1 / (staleness + 1) could divide by 0)
         staleness = tf.maximum(clock - pulled_at[k], 0)
         scale = 1.0 / tf.cast(staleness + 1, tf.float32)
-        applied = [theta.assign_add(scale * change[name], read_value=False)
+        applied = [theta.assign_add(scale * arrived[name], read_value=False)
                    for name, theta in global_params.items()]
         with tf.control_dependencies(applied):  # the clock moves once the parameters have
             ticked = global_step.assign_add(1, read_value=False)

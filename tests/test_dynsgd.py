@@ -159,6 +159,11 @@ def test_while_a_worker_holds_the_lock_only_the_ps_works():
     assert any("AssignAdd" in name for _, name in ran), "the traced step ran no push"
     off_the_ps = sorted({name for device, name in ran if "/job:ps/" not in device})
     assert not off_the_ps, "ran under the lock off the ps: %s" % off_the_ps
+    # and nothing it reads is still on its way from the worker when the lock is taken
+    from_the_worker = sorted({"%s <- %s" % (name, t.op.name) for name in held
+                              for t in s.graph.get_operation_by_name(name).inputs
+                              if "/job:worker" in t.op.device})
+    assert not from_the_worker, "read under the lock from the worker: %s" % from_the_worker
 
 
 def test_a_push_after_a_clock_restored_behind_the_pull_lands_whole_and_never_divides_by_0():
