@@ -112,23 +112,16 @@ def training_batches(data, batch_size, worker_index, num_workers, seed):
 # --- Model (replace with your own) ----------------------------------------------------------------
 def model_params(rows, dim, seed):
     """A row per id in two tables, v (embeddings) and w (linear), which sharded_over_the_ps cuts
-    into a slice per ps (PartitionedVariables); and b (bias), left whole by a partitioner."""
+    into a slice per ps (PartitionedVariables); and b (bias), left whole by a partitioner. Each
+    slice of v draws its own rows, seeded by its first row (with one seed, rows r, r + R/P, ...
+    of the P slices would start alike)."""
+    def normal(shape, dtype=tf.float32, partition_info=None):
+        first_row = partition_info.single_offset(shape) if partition_info else 0
+        return tf.random.stateless_normal(shape, seed=[seed, first_row], stddev=0.1, dtype=dtype)
     zeros = tf.compat.v1.zeros_initializer()
-    return {"embeddings": tf.compat.v1.get_variable("embeddings", [rows, dim],
-                                                    initializer=normal_rows(seed)),
+    return {"embeddings": tf.compat.v1.get_variable("embeddings", [rows, dim], initializer=normal),
             "linear": tf.compat.v1.get_variable("linear", [rows], initializer=zeros),
             "bias": tf.compat.v1.get_variable("bias", [], initializer=zeros)}
-
-
-def normal_rows(seed, stddev=0.1):
-    """An initializer that draws each slice's rows apart: the seed and the slice's first row
-    seed its draw. With one seed for all, the P slices would draw the same numbers, and rows
-    r, r + R/P, ... would start identical."""
-    def initializer(shape, dtype=tf.float32, partition_info=None):
-        first_row = partition_info.single_offset(shape) if partition_info else 0
-        return tf.random.stateless_normal(shape, seed=[seed, first_row], stddev=stddev,
-                                          dtype=dtype)
-    return initializer
 
 
 def rows_of(ids, rows):
