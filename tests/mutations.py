@@ -80,18 +80,15 @@ MUTATIONS = [
              "Hogwild/train.py", "with tf.control_dependencies([pulled_at]):",
              "with tf.control_dependencies([]):", "tests/test_hogwild.py", "reads_the_clock"),
     Mutation("AEASGD: the chief evaluates its local copy, not the centre", "AEASGD/train.py",
-             "TrainingLog(args, cluster, aeasgd.centre,", "TrainingLog(args, cluster, "
-             "aeasgd.local_params,", "tests/test_aeasgd.py", "centre_not_its_own_copy"),
+             "model_metrics(aeasgd.centre, x, y)", "model_metrics(aeasgd.local_params, x, y)", "tests/test_aeasgd.py", "centre_not_its_own_copy"),
     Mutation("EAMSGD: the chief evaluates its local copy, not the centre", "EAMSGD/train.py",
-             "TrainingLog(args, cluster, eamsgd.centre,", "TrainingLog(args, cluster, "
-             "eamsgd.local_params,", "tests/test_eamsgd.py", "centre_not_its_own_copy"),
+             "model_metrics(eamsgd.centre, x, y)", "model_metrics(eamsgd.local_params, x, y)", "tests/test_eamsgd.py", "centre_not_its_own_copy"),
     Mutation("EASGD: the chief evaluates its local copy, not the centre", "EASGD/train.py",
-             "TrainingLog(args, cluster, easgd.centre,", "TrainingLog(args, cluster, "
-             "easgd.local_params,", "tests/test_easgd.py", "centre_not_its_own_copy"),
+             "model_metrics(easgd.centre, x, y)", "model_metrics(easgd.local_params, x, y)", "tests/test_easgd.py", "centre_not_its_own_copy"),
     Mutation("In-Graph-Replication: every tower fed the whole mini-batch",
              "In-Graph-Replication/train.py",
-             "loss = model_loss_and_accuracy(params, x_slices[i], y_slices[i])[0]",
-             "loss = model_loss_and_accuracy(params, x, y)[0]",
+             "loss = model_loss(params, x_slices[i], y_slices[i])",
+             "loss = model_loss(params, x, y)",
              "tests/test_in_graph_replication.py", "slice or whole_batch"),
     Mutation("In-Graph-Replication: the towers' gradients summed, not averaged",
              "In-Graph-Replication/train.py", "[tf.add_n(list(g)) / len(devices) for g",

@@ -30,12 +30,12 @@ def load(example):
 
 
 def known_data(module, workers):
-    """Integer pixels 0..16 and labels, EXAMPLES_PER_WORKER for each worker: a batch a shard."""
+    """Pixels in [0, 1] and labels, EXAMPLES_PER_WORKER for each worker: a batch a shard."""
     rng = np.random.default_rng(7)
     n = EXAMPLES_PER_WORKER * workers
-    return module.Dataset(rng.integers(0, 17, (n, FEATURES)).astype(np.uint8),
+    return module.Dataset((rng.integers(0, 17, (n, FEATURES)) / 16).astype(np.float32),
                           rng.integers(0, 10, n).astype(np.int64),
-                          np.zeros((2, FEATURES), np.uint8), np.zeros(2, np.int64), 16)
+                          np.zeros((2, FEATURES), np.float32), np.zeros(2, np.int64))
 
 
 def values(params):
@@ -43,7 +43,7 @@ def values(params):
 
 
 def save(path, data, before, after):
-    np.savez(path, x=data.x_train, y=data.y_train, pixel_max=data.pixel_max,
+    np.savez(path, x=data.x_train, y=data.y_train,
              **{"before_" + n: v for n, v in before.items()},
              **{"after_" + n: v for n, v in after.items()})
 

@@ -120,13 +120,13 @@ def test_downpour_workers_start_from_the_ps_values_through_the_session_barrier(t
             return met
         return wait_for(noted, *seconds, **options)
     monkeypatch.setattr(downpour, "wait_for", wait_for_noting_a_no)
-    digits = downpour.Dataset(None, None, np.zeros((2, 5), np.uint8), np.zeros(2, np.int64), 1)
 
     def session_of(worker, *argv):
         args = flags(downpour, "--task_index", str(worker), "--log_dir", str(tmp_path), *argv)
         with tf.Graph().as_default():
             ops = downpour.build_downpour(args, cluster, *fixed_batch())
-            session = downpour.TrainingLog(args, cluster, ops.global_params, digits).start(
+            test_set = (np.zeros((2, 5), np.float32), np.zeros(2, np.int64))
+            session = downpour.Worker(args, cluster, lambda x, y: {}, test_set).start(
                 workers[worker])
         return ops, session
     ready = {}
