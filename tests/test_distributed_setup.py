@@ -406,8 +406,11 @@ def test_images_of_your_own_load_from_an_npz_shaped_like_mnist(tmp_path):
     path = tmp_path / "mnist.npz"
     write_tiny_mnist(path, train=50, test=20, seed=0)
     data = train.load_dataset(str(path))
-    assert data.x_train.shape == (50, 784) and data.x_test.shape == (20, 784)
-    assert data.pixel_max == 255 and data.y_train.dtype == np.int64
+    assert data.x_train.shape == (50, 28, 28, 1) and data.x_test.shape == (20, 28, 28, 1)
+    assert data.x_train.dtype == np.float32 and data.y_train.dtype == np.int64
+    with np.load(path) as f:  # integer pixels scaled by the largest: 255 here
+        np.testing.assert_allclose(data.x_train[..., 0], f["x_train"] / f["x_train"].max(),
+                                   rtol=1e-6)
 
 
 def test_an_npz_of_your_own_trains_end_to_end(run_example, tmp_path):
