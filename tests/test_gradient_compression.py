@@ -2,13 +2,18 @@
 the step on a real cluster (every copy takes the same step, a resync makes them equal), and the
 default run through run.sh."""
 import math
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
-from conftest import (ACCURACY_BAR, assert_a_lost_worker_stops_the_rounds, error_lines, flags,
-                      gradient_reference, in_process_cluster, in_threads, load_train_module,
-                      run_train, values, worker_config, worker_sessions)
+from conftest import (ACCURACY_BAR, ROOT, assert_a_lost_worker_stops_the_rounds,
+                      assert_nothing_left, error_lines, flags, gradient_reference,
+                      in_process_cluster, in_threads, load_train_module, run_train, values,
+                      worker_config, worker_sessions)
+from test_cluster import needs_namespaces
 
 gc = load_train_module("Gradient-Compression")
 COMPRESSORS = sorted(gc.COMPRESSORS)
@@ -281,3 +286,22 @@ def test_flags_out_of_range_are_refused_in_one_line(argv, message):
                                                          "localhost:1", "--worker_hosts",
                                                          "localhost:2"] + argv)
     assert code == 2 and error_lines(stderr) == ["error: " + message]
+
+
+@pytest.mark.benchmark
+@pytest.mark.cluster
+@pytest.mark.timeout(900)
+@needs_namespaces
+def test_the_compression_benchmark_measures_bytes_on_the_wire_and_accuracy(tmp_path):
+    out = tmp_path / "results"
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "compression.py"),
+                           "--quick", "--bandwidth", "100mbit", "--out", str(out)],
+                          capture_output=True, text=True, timeout=840)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.strip("|").split("|")]
+            for line in (out / "compression.md").read_text().splitlines()
+            if line.startswith(("| none |", "| topk |"))}
+    assert set(rows) == {"none", "topk"}
+    # top-k at 1% pushes 8 bytes for 1% of the entries: many times less on the wire too
+    assert float(rows["topk"][5].split("x")[0]) >= 10, rows
+    assert_nothing_left(str(tmp_path))
