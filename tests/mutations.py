@@ -21,6 +21,7 @@ END_TO_END = ("reaches or pushes_once or exchanges_once or killed or about_one_p
               "counts_the_pushes_of_others_between_a_pull or final_global_step or "
               "staleness_is_zero or chief_evaluates or centre_not_its_own_copy")
 OP_BY_OP = "not (%s)" % END_TO_END
+GC_OP_BY_OP = "not (default_run or without_a_worker)"  # Gradient-Compression's run.sh tests
 
 Mutation = collections.namedtuple("Mutation", "name path old new tests select")
 
@@ -101,6 +102,24 @@ MUTATIONS = [
              "Model-Parallel-Pipeline/train.py", "[last_output[stage]] if m else []",
              "[last_output[-1]] if m else []", "tests/test_model_parallel_pipeline.py",
              "waits_for"),
+    Mutation("Gradient-Compression: error feedback off where it is claimed on (no residual kept)",
+             "Gradient-Compression/train.py",
+             "if error_feedback:  # keep what the message missed",
+             "if False:  # keep what the message missed", "tests/test_gradient_compression.py",
+             GC_OP_BY_OP),
+    Mutation("Gradient-Compression: the residual's sign flipped", "Gradient-Compression/train.py",
+             "residuals[n].assign(p[n] - sent[n], read_value=False)",
+             "residuals[n].assign(sent[n] - p[n], read_value=False)",
+             "tests/test_gradient_compression.py", GC_OP_BY_OP),
+    Mutation("Gradient-Compression: QSGD's scale (the norm) dropped", "Gradient-Compression/train.py",
+             "return norm * tf.cast(levels, tf.float32) / self.args.levels",
+             "return tf.cast(levels, tf.float32) / self.args.levels",
+             "tests/test_gradient_compression.py", GC_OP_BY_OP),
+    Mutation("Gradient-Compression: the step counted before the ps applies it",
+             "Gradient-Compression/train.py",
+             "with tf.control_dependencies(applied):  # not before",
+             "with tf.control_dependencies([]):  # not before",
+             "tests/test_gradient_compression.py", GC_OP_BY_OP),
 ]
 
 
