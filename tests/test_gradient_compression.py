@@ -164,9 +164,9 @@ def build(args, cluster, x, y):
     """What train() builds, on a fixed batch."""
     import tensorflow as tf
     with tf.compat.v1.device(gc.ps_device(args, cluster)):
-        params = gc.model_params(int(x.shape[1]), args.hidden, args.seed)
+        params = gc.model_params(x.shape[1:], args.hidden, args.seed)
     return gc.build_gradient_compression(args, args.task_index, len(cluster["worker"]), params,
-                                         lambda p: gc.model_loss_and_accuracy(p, x, y)[0])
+                                         lambda p: gc.model_loss(p, x, y))
 
 
 def one_step(workers, fetch):
