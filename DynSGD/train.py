@@ -640,7 +640,8 @@ class Worker(object):
             fail("%s: worker(s) %s did not start within %g s, and every round needs every "
                  "worker" % (self.role, ",".join(map(str, absent())), args.connect_timeout))
         self.step = self.start_step = int(session.run(self.global_step))
-        self.start_time = self.last_checkpoint = time.time()
+        self.start_time = time.time()
+        self.last_checkpoint = 0.0  # the first progress line saves one
         self.progress_steps, self.progress_time = 0, self.start_time  # at the last progress line
         print("[%s] training started" % self.role, flush=True)
         return session

@@ -652,7 +652,8 @@ class Client(object):
         else:
             session.run(init)
         self.step = self.start_step = int(session.run(self.global_step))
-        self.started = self.last_checkpoint = time.time()
+        self.started = time.time()
+        self.last_checkpoint = 0.0  # the first progress line saves one
         self.progress_step, self.progress_time = self.step, self.started
         print("[%s] training started" % role, flush=True)
         return session

@@ -426,7 +426,8 @@ def batches_of(train, worker, num_workers, n):
     """The first n batches that one worker's pipeline yields, as sets of example ids."""
     import tensorflow as tf
     ids = np.arange(400)
-    data = train.Dataset(ids.reshape(-1, 1), ids, ids[:1].reshape(-1, 1), ids[:1], 1)
+    x = ids.reshape(-1, 1).astype(np.float32)  # the example's id as its one feature
+    data = train.Dataset(x, ids, x[:1], ids[:1])
     with tf.Graph().as_default():
         _, y = train.training_batches(data, 32, worker, num_workers, seed=0)
         with tf.compat.v1.Session() as s:
