@@ -20,7 +20,7 @@ Run it
     NUM_WORKERS=4 bash run.sh --window 20 --learning_rate 0.5
     By hand or with TF_CONFIG: as in ../Distributed-Setup. Training stops at steps / window.
 
-Use your own model: edit the sections marked "(replace with your own)", Data and Model.
+Use your own model: replace the sections marked "(replace with your own)", Data and Model.
 
 References
     J. Hermans, G. Spanakis, R. Wiggers, "Accumulated Gradient Normalization" (AGN), ACML 2017,
@@ -50,33 +50,23 @@ def example_flags(parser):
 
 # --- Data (replace with your own) -----------------------------------------------------------------
 # >>> shared: data
-Dataset = collections.namedtuple("Dataset", "x_train y_train x_test y_test pixel_max")
+Dataset = collections.namedtuple("Dataset", "x_train y_train x_test y_test")
 
 
 def load_dataset(data_path=""):
-    """Flat integer pixels and integer labels, to train and to test: by default scikit-learn's
-    1797 handwritten 8x8 digits (offline; a fixed fifth to test), or the arrays of mnist.npz."""
+    """The arrays to train and test on, as the model takes them: by default scikit-learn's 1797
+    handwritten 8x8 digits (offline; a fixed fifth to test), rows of 64 pixels scaled from 0-16
+    to [0, 1], labels 0-9; or the arrays of the .npz file at data_path (read_npz, below the
+    banner, checks them and scales integer pixels)."""
     if data_path:
-        try:
-            with np.load(data_path) as f:
-                x_train, y_train, x_test, y_test = (f[k] for k in ("x_train", "y_train",
-                                                                   "x_test", "y_test"))
-        except (OSError, KeyError, ValueError) as e:  # missing, unreadable, or a key missing
-            fail("cannot load %s (%s): give an .npz with x_train, y_train, x_test and y_test"
-                 % (data_path, str(e).splitlines()[0]))
-    else:
-        from sklearn.datasets import load_digits
-        from sklearn.model_selection import train_test_split
-        x, y = load_digits(return_X_y=True)
-        x_train, x_test, y_train, y_test = train_test_split(x, y, test_size=0.2, random_state=0,
-                                                            stratify=y)
-    flat = lambda x: x.reshape(len(x), -1).astype(np.uint8)
-    return Dataset(flat(x_train), y_train.astype(np.int64), flat(x_test), y_test.astype(np.int64),
-                   pixel_max=max(int(x_train.max()), 1))
-
-
-def scale(pixels, pixel_max):
-    return tf.cast(pixels, tf.float32) / float(pixel_max)
+        return Dataset(*read_npz(data_path, num_classes=10))
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+    x, y = load_digits(return_X_y=True)
+    x_train, x_test, y_train, y_test = train_test_split(x, y, test_size=0.2, random_state=0,
+                                                        stratify=y)
+    return Dataset((x_train / 16).astype(np.float32), y_train.astype(np.int64),
+                   (x_test / 16).astype(np.float32), y_test.astype(np.int64))
 
 
 def training_dataset(data, batch_size, worker_index, num_workers, seed):
@@ -85,9 +75,7 @@ def training_dataset(data, batch_size, worker_index, num_workers, seed):
     ds = tf.data.Dataset.from_tensor_slices((data.x_train, data.y_train))
     ds = ds.shard(num_workers, worker_index)
     ds = ds.shuffle(len(data.x_train) // num_workers + 1, seed=seed * 1000 + worker_index)
-    ds = ds.repeat().batch(batch_size, drop_remainder=True)
-    return ds.map(lambda x, y: (scale(x, data.pixel_max), y)).prefetch(2)
-
+    return ds.repeat().batch(batch_size, drop_remainder=True).prefetch(2)
 # <<< shared: data
 
 
@@ -101,22 +89,34 @@ def training_batches(data, batch_size, worker_index, num_workers, seed):
 
 # --- Model (replace with your own) ----------------------------------------------------------------
 # >>> shared: model
-def model_params(num_features, hidden, seed, num_classes=10):
-    """The MLP's variables, created under the current device scope (the ps, in the examples)."""
+def model_params(input_shape, hidden, seed, num_classes=10):
+    """The MLP's variables, made under the current device scope (the ps, in the examples), for
+    examples of input_shape (a row of features, or an image that the MLP reads as one row)."""
     glorot = lambda i: tf.compat.v1.glorot_uniform_initializer(seed=seed * 10 + i)
     zeros = tf.compat.v1.zeros_initializer()
-    return {"w1": tf.compat.v1.get_variable("w1", [num_features, hidden], initializer=glorot(1)),
+    features = int(np.prod(input_shape))
+    return {"w1": tf.compat.v1.get_variable("w1", [features, hidden], initializer=glorot(1)),
             "b1": tf.compat.v1.get_variable("b1", [hidden], initializer=zeros),
             "w2": tf.compat.v1.get_variable("w2", [hidden, num_classes], initializer=glorot(2)),
             "b2": tf.compat.v1.get_variable("b2", [num_classes], initializer=zeros)}
 
 
-def model_loss_and_accuracy(params, x, y):
-    hidden = tf.nn.relu(tf.matmul(x, params["w1"]) + params["b1"])
-    logits = tf.matmul(hidden, params["w2"]) + params["b2"]
-    loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
-    accuracy = tf.reduce_mean(tf.cast(tf.equal(tf.argmax(logits, 1), y), tf.float32))
-    return loss, accuracy
+def model_logits(params, x):
+    rows = tf.reshape(x, [-1, int(np.prod(x.shape[1:]))])  # an image becomes one row
+    hidden = tf.nn.relu(tf.matmul(rows, params["w1"]) + params["b1"])
+    return tf.matmul(hidden, params["w2"]) + params["b2"]
+
+
+def model_loss(params, x, y):
+    """What training minimises: the mean cross-entropy over a mini-batch."""
+    return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+        labels=y, logits=model_logits(params, x)))
+
+
+def model_metrics(params, x, y):
+    """What the chief reports on the test set, by name: each a mean over a batch of examples."""
+    correct = tf.equal(tf.argmax(model_logits(params, x), 1), y)
+    return {"accuracy": tf.reduce_mean(tf.cast(correct, tf.float32))}
 # <<< shared: model
 
 
@@ -131,13 +131,13 @@ def build_adag(args, cluster, x, y):
     worker = "/job:worker/task:%d" % args.task_index
     with tf.compat.v1.device(ps_device(args, cluster)):
         global_step = tf.compat.v1.train.get_or_create_global_step()
-        global_params = model_params(int(x.shape[1]), args.hidden, args.seed)
+        global_params = model_params(x.shape[1:], args.hidden, args.seed)
     with tf.compat.v1.device(worker):
         # one read of the ps for both copies: local = pulled even if another worker pushes
         start = {name: theta.read_value() for name, theta in global_params.items()}
         local_params, pulled_params = (worker_variables(copy, start, lambda value: value)
                                        for copy in ("local", "pulled"))
-        loss = model_loss_and_accuracy(local_params, x, y)[0]
+        loss = model_loss(local_params, x, y)
         gradients = tf.gradients(loss, list(local_params.values()))
         with tf.control_dependencies([p.assign_sub(args.learning_rate * g, read_value=False)
                                       for p, g in zip(local_params.values(), gradients)]):
@@ -185,19 +185,19 @@ def tick(global_step):
     return clock_lock.execute(add_one, exclusive_resource_access=False)
 
 
-def count_staleness(log, update, pulled_at=None):
+def count_staleness(worker, update, pulled_at=None):
     """update (its value: the clock its tick made), also adding up on the ps how many updates of
     others ticked since this worker pulled: since the clock pulled_at (read in the same step just
     before the parameters: every update ticked by then is in what the worker read), or else since
     this worker's previous update. It costs no traffic. Returns the update and the mean."""
-    with tf.compat.v1.device("/job:worker/task:%d" % log.args.task_index):
-        last_update = tf.compat.v1.Variable(log.global_step.read_value(), trainable=False,
+    with tf.compat.v1.device("/job:worker/task:%d" % worker.args.task_index):
+        last_update = tf.compat.v1.Variable(worker.global_step.read_value(), trainable=False,
                                             collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES])
-    with tf.compat.v1.device(log.global_step.device):
+    with tf.compat.v1.device(worker.global_step.device):
         staleness_sum = tf.compat.v1.Variable(np.int64(0), trainable=False, name="staleness")
         counted = staleness_sum.assign_add(update - 1 - (
             last_update if pulled_at is None else pulled_at))
-        mean = staleness_sum / tf.maximum(log.global_step, 1)  # int64 / int64: a float64
+        mean = staleness_sum / tf.maximum(worker.global_step, 1)  # int64 / int64: a float64
     with tf.compat.v1.control_dependencies([counted]):
         return last_update.assign(update), mean
 # <<< shared: staleness
@@ -205,54 +205,61 @@ def count_staleness(log, update, pulled_at=None):
 
 # --- The training loop ----------------------------------------------------------------------------
 # >>> shared: windowed loop
-def train_in_windows(session, log, args, local_step, push):
+def train_in_windows(session, worker, args, local_step, push):
     """Until the global step (it counts pushes) reaches --steps / --window: a window of local
     steps on this worker alone, with no network traffic, then one push (its value: the global
     step it made)."""
-    while log.step < math.ceil(args.steps / args.window):
+    while worker.step < math.ceil(args.steps / args.window):
         for _ in range(args.window):
             loss = session.run(local_step)
-        log.after_update(session, loss, session.run(push))
+        worker.after_update(session, loss, session.run(push))
 # <<< shared: windowed loop
 
 
-def train(args, cluster, server):
-    data = load_dataset(args.data_path)
+def train(args, cluster, server, data):
     x, y = training_batches(data, args.batch_size, args.task_index, len(cluster["worker"]),
                             args.seed)  # no device given: the pipeline runs on this worker
     adag = build_adag(args, cluster, x, y)
-    log = TrainingLog(args, cluster, adag.global_params, data, steps_per_update=args.window)
-    push_and_pull, mean_staleness = count_staleness(log, adag.push_and_pull)
-    session = log.start(server)
-    train_in_windows(session, log, args, adag.local_step, push_and_pull)
-    return log.end(session, minibatches_per_update=args.window, window=args.window,
+    worker = Worker(args, cluster, lambda x, y: model_metrics(adag.global_params, x, y),
+                    (data.x_test, data.y_test), steps_per_update=args.window)
+    push_and_pull, mean_staleness = count_staleness(worker, adag.push_and_pull)
+    session = worker.start(server)
+    train_in_windows(session, worker, args, adag.local_step, push_and_pull)
+    return worker.end(session, minibatches_per_update=args.window, window=args.window,
                    mean_staleness=mean_staleness)
 
 
 def main(argv=None):
     args = parse_flags(argv, example_flags)  # bad input fails here, before TensorFlow loads
-    return run_task(args, resolve_cluster(args), train)
+    cluster = resolve_cluster(args)
+    data = load_dataset(args.data_path) if args.job_name == "worker" else None  # a ps needs none
+    return run_task(args, cluster, train, data)
 
 
 # ==================================================================================================
-# Plumbing shared by every example (you need not read below)
+# Plumbing shared by every example (what a job needs besides its algorithm)
 # ==================================================================================================
-# What a task of a cluster needs besides its algorithm, in this order; the same text in every
-# train.py that runs on a ps (a test keeps the copies equal):
-#   1. flags, and the cluster from them or from TF_CONFIG          parse_flags, resolve_cluster,
-#                                                                  check_cluster, positive_seconds
+# train() hands this part what it built: the step's results, the test metrics and the test set;
+# nothing here knows the data, the model or the algorithm. Checkpoints: the chief restores the
+# latest in --log_dir when it starts (Worker.start) and saves one every 30 s and at the end
+# (Worker.save). In this order; the same text in every train.py that runs on a ps (a test keeps
+# the copies equal):
+#   1. flags, and the cluster from them or from TF_CONFIG;         parse_flags, resolve_cluster,
+#      --data_path's file, checked                                check_cluster, positive_seconds,
+#                                                                  read_npz
 #   2. variables on the ps (whole, or cut into a slice per ps),
 #      every other op on this worker                              ps_device, sharded_over_the_ps
 #   3. this task's server; a failure ends the task in one line    run_task, fail, cause
-#   4. the start-up barrier: a worker waits for the ps to answer  wait_for, is_listening
-#   5. ending the ps when the chief says the run is over (a
-#      TensorFlow server never ends by itself)                    serve, run_over_flag
-#   6. the session on the ps and this worker only; the chief
-#      initialises or restores the variables, the others wait     TrainingLog.start
-#   7. progress lines; the chief's test accuracy, checkpoints and
-#      TensorBoard summaries                                      after_update, evaluate
-#   8. the end: the chief waits for the others, names any it
-#      lost, prints the summary line and ends the run             end, print_summary
+#   4. the start-up: a worker waits for the ps, then for the
+#      chief, who restores the latest checkpoint or initialises   wait_for, is_listening, Worker
+#   5. progress lines; the chief's checkpoints and its test
+#      metrics over the test set, in batches, to TensorBoard too  Worker.after_update, save,
+#                                                                  test_metrics_in_batches,
+#                                                                  tensorboard_summary
+#   6. the end: the chief waits for the others, names any it
+#      lost, prints the summary line and ends the run; a ps
+#      serves until then (a TensorFlow server never ends itself)  Worker.end, print_summary,
+#                                                                  serve, run_over_flag
 # >>> shared: flags
 def fail(message):
     """One line on stderr and exit status 2: for bad input and lost peers, never for bugs."""
@@ -278,11 +285,12 @@ def parse_flags(argv, example_flags, distributed=True):
         ("batch_size", int, 64, "examples per mini-batch"),
         ("learning_rate", float, 0.1, "the workers' learning rate"),
         ("hidden", int, 128, "width of the MLP's hidden layer"),
-        ("data_path", str, "", "your own images: an .npz like mnist.npz (default: digits)"),
+        ("data_path", str, "", "your own data: an .npz with x_train, y_train, x_test and y_test, "
+         "any numbers and shapes (default: the digits)"),
         ("log_dir", str, "", "checkpoints and summaries; one that has them resumes"),
         ("seed", int, 0, "seed of the initial weights and the shuffling"),
         ("metrics_file", str, "", "also write the summary here, as JSON"),
-        ("log_every", int, 100, "progress (the chief's: test accuracy) every N local steps"),
+        ("log_every", int, 100, "progress (the chief's: test metrics) every N local steps"),
     ]
     cluster = [
         ("job_name", str, "", "ps or worker (or set TF_CONFIG)"),
@@ -307,6 +315,48 @@ def parse_flags(argv, example_flags, distributed=True):
         run_name = time.strftime("%Y%m%d-%H%M%S-") + str(os.getpid())
         args.log_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "logs", run_name)
     return args
+
+
+NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
+
+
+def read_npz(path, num_classes=None):
+    """--data_path's x_train, y_train, x_test and y_test, checked before TensorFlow loads. Features
+    of any shape: floats are kept as they are (in float32), integers (pixels) are scaled to
+    [0, 1] by the largest in x_train, and images (N, H, W) gain a channel axis (N, H, W, 1), as a
+    convolution takes them. Labels: integer classes in [0, num_classes), or with num_classes
+    None any numbers (a regression's targets, in float32)."""
+    try:
+        with np.load(path) as f:
+            x_train, y_train, x_test, y_test = (f[k] for k in NPZ_KEYS)
+    except (OSError, KeyError, ValueError) as e:  # missing, unreadable, or a key missing
+        fail("cannot load %s (%s): give an .npz with x_train, y_train, x_test and y_test"
+             % (path, str(e).splitlines()[0]))
+    for name, array in zip(NPZ_KEYS, (x_train, y_train, x_test, y_test)):
+        if array.dtype.kind not in "biuf" or array.ndim == 0 or len(array) == 0:
+            fail("%s: %s must be a non-empty array of numbers, not %s %s"
+                 % (path, name, array.dtype, array.shape))
+        if not np.all(np.isfinite(array)):
+            fail("%s: %s has NaN or infinite values" % (path, name))
+    if len(x_train) != len(y_train) or len(x_test) != len(y_test):
+        fail("%s: x and y differ in length: %d and %d to train, %d and %d to test"
+             % (path, len(x_train), len(y_train), len(x_test), len(y_test)))
+    if x_train.shape[1:] != x_test.shape[1:]:
+        fail("%s: train and test examples differ in shape: %s and %s"
+             % (path, x_train.shape[1:], x_test.shape[1:]))
+    if num_classes is None:
+        y_train, y_test = y_train.astype(np.float32), y_test.astype(np.float32)
+    else:
+        for name, y in (("y_train", y_train), ("y_test", y_test)):
+            if y.ndim != 1 or np.any(y != np.round(y)) or y.min() < 0 or y.max() >= num_classes:
+                fail("%s: %s must hold integer labels in [0, %d)" % (path, name, num_classes))
+        y_train, y_test = y_train.astype(np.int64), y_test.astype(np.int64)
+    if x_train.dtype.kind != "f":  # integer pixels
+        pixel_max = max(float(x_train.max()), 1.0)
+        x_train, x_test = x_train / pixel_max, x_test / pixel_max
+    if x_train.ndim == 3:  # images without a channel axis
+        x_train, x_test = x_train[..., np.newaxis], x_test[..., np.newaxis]
+    return x_train.astype(np.float32), y_train, x_test.astype(np.float32), y_test
 # <<< shared: flags
 
 
@@ -374,6 +424,32 @@ def print_summary(role, summary, history, metrics_file):
 # <<< shared: summary
 
 
+# >>> shared: test metrics
+def test_metrics_in_batches(session, metrics, x, y, test_set):
+    """Each of metrics (tensors, each a mean over a batch) averaged over the whole test set, fed
+    1000 examples at a time into the placeholders x and y: a large test set never becomes a
+    graph constant."""
+    x_test, y_test = test_set
+    totals = dict.fromkeys(metrics, 0.0)
+    for i in range(0, len(x_test), 1000):
+        feed = {x: x_test[i:i + 1000], y: y_test[i:i + 1000]}
+        for name, value in session.run(metrics, feed).items():
+            totals[name] += value * len(feed[x])
+    return {name: float(total / len(x_test)) for name, total in totals.items()}
+
+
+def tensorboard_summary(metrics, loss=None):
+    """The test metrics (test_NAME), and the training loss if given, as one TensorBoard
+    summary."""
+    summary = tf.compat.v1.Summary()
+    for name, value in metrics.items():
+        summary.value.add(tag="test_" + name, simple_value=value)
+    if loss is not None:
+        summary.value.add(tag="loss", simple_value=loss)
+    return summary
+# <<< shared: test metrics
+
+
 # >>> shared: cluster and session
 def resolve_cluster(args):
     """The cluster from the flags, or else from TF_CONFIG as operators write it: a "chief" or
@@ -427,8 +503,8 @@ def sharded_over_the_ps(cluster, shard=True):
     return tf.compat.v1.variable_scope(tf.compat.v1.get_variable_scope(), partitioner=partitioner)
 
 
-def run_task(args, cluster, train):
-    """Start this task's server, then serve (a ps) or train (a worker)."""
+def run_task(args, cluster, train, data):
+    """Start this task's server, then serve (a ps) or train(args, cluster, server, data)."""
     global tf  # loaded only now: bad input has failed in one line, without TensorFlow's start-up
     job, index = args.job_name, args.task_index
     address = cluster[job][index]
@@ -447,7 +523,7 @@ def run_task(args, cluster, train):
         if not wait_for(lambda: not silent(), args.connect_timeout, waiting=lambda: (
                 "[worker%d] waiting for the ps at %s" % (index, ",".join(silent())))):
             fail("cannot reach the ps at %s: is it running?" % ",".join(silent()))
-        return train(args, cluster, server)
+        return train(args, cluster, server, data)
     except tf.errors.OpError as e:
         fail("%s %d stopped: %s: %s" % (job, index, type(e).__name__, cause(e)))
 
@@ -479,58 +555,59 @@ def serve(index, cluster, server, connect_timeout):
     return 0
 
 
-class TrainingLog(object):
-    """A worker's session, progress lines and end; the chief's checkpoints, test accuracy,
-    TensorBoard summaries and summary line. The run's record on ps 0 says which workers have
-    started and each one's local steps once it has finished: at the end the chief waits for
-    every worker to finish, or to close its port after starting (lost), or not to start at all
-    within --connect_timeout; then it raises every ps's run-over flag."""
+class Worker(object):
+    """A worker's part of the run, given what train() built: test_metrics(x, y), a dict of
+    metric tensors for a batch of test examples (each a mean over the batch), and test_set,
+    (x_test, y_test), fed to it in batches. start: the session; the chief restores the latest
+    checkpoint in --log_dir, or initialises the variables, while the others wait for it.
+    after_update: progress lines; the chief's test metrics, TensorBoard summaries and a
+    checkpoint every 30 s. end: the chief waits for the others, saves, prints the summary line
+    and ends the run. The run's record on ps 0 says which workers started and how many local
+    steps each made: the chief waits for every worker to finish, to close its port after
+    starting (lost), or not to start within --connect_timeout; then it raises every ps's
+    run-over flag."""
 
-    def __init__(self, args, cluster, params, data, steps_per_update=1):
-        self.args, self.cluster, self.steps_per_update = args, cluster, steps_per_update
+    def __init__(self, args, cluster, test_metrics, test_set, steps_per_update=1):
+        self.args, self.cluster, self.test_set = args, cluster, test_set
+        self.steps_per_update = steps_per_update
         self.role = "worker%d" % args.task_index
         self.is_chief = args.task_index == 0
         self.global_step = tf.compat.v1.train.get_or_create_global_step()
+        x_test, y_test = test_set
         with tf.compat.v1.device("/job:worker/task:%d" % args.task_index):
-            x_test = scale(data.x_test, data.pixel_max)
-            self.test_accuracy = model_loss_and_accuracy(params, x_test, data.y_test)[1]
-            self.loss = tf.compat.v1.placeholder(tf.float32, [], name="loss")
-            self.summaries = tf.compat.v1.summary.merge([
-                tf.compat.v1.summary.scalar("test_accuracy", self.test_accuracy),
-                tf.compat.v1.summary.scalar("loss", self.loss)])
+            self.test_x = tf.compat.v1.placeholder(x_test.dtype, (None,) + x_test.shape[1:])
+            self.test_y = tf.compat.v1.placeholder(y_test.dtype, (None,) + y_test.shape[1:])
+            self.test_metrics = test_metrics(self.test_x, self.test_y)
         # the run's record, never checkpointed: 1 for each worker that has started training, and
         # each worker's local steps once it has finished (-1 before)
+        workers = len(cluster["worker"])
         with tf.compat.v1.device("/job:ps/task:0"):
-            workers = len(cluster["worker"])
-            self.workers_started = tf.compat.v1.Variable(np.zeros(workers), dtype=tf.int64,
-                                                         collections=[], name="started")
-            self.finished = tf.compat.v1.Variable(np.full(workers, -1), dtype=tf.int64,
+            self.started = tf.compat.v1.Variable(np.zeros(workers, np.int64), collections=[],
+                                                 name="started")
+            self.finished = tf.compat.v1.Variable(np.full(workers, -1, np.int64),
                                                   collections=[], name="finished")
-        self.write_started = tf.compat.v1.scatter_update(self.workers_started,
-                                                         [args.task_index], [1])
+        self.i_started = tf.compat.v1.scatter_update(self.started, [args.task_index], [1])
         self.my_local_steps = tf.compat.v1.placeholder(tf.int64, [1])
-        self.write_finished = tf.compat.v1.scatter_update(self.finished, [args.task_index],
-                                                          self.my_local_steps)
+        self.i_finished = tf.compat.v1.scatter_update(self.finished, [args.task_index],
+                                                      self.my_local_steps)
         run_over = [run_over_flag(k) for k in range(len(cluster["ps"]))]
         self.end_run = tf.group([flag.assign(True) for flag in run_over])
         if self.is_chief:  # a restarted chief sets up only what is not yet there
             self.record = [(tf.compat.v1.is_variable_initialized(v), v.initializer)
-                           for v in [self.workers_started, self.finished] + run_over]
-        self.local_steps, self.last_loss, self.history = 0, float("nan"), []
-        self.last_checkpoint = 0.0  # when the chief last saved one
+                           for v in [self.started, self.finished] + run_over]
+        self.local_steps, self.history = 0, []
 
     def start(self, server, wait_for_everyone=False):
-        """The session, once the chief has restored (from --log_dir) or initialised the ps; with
-        wait_for_everyone (a synchronous example, whose every round needs every worker), once
-        every worker has started as well, however far apart the tasks start."""
+        """The session, once the variables on the ps are ready; with wait_for_everyone (a
+        synchronous example, whose every round needs every worker), once every worker has
+        started as well, however far apart the tasks start."""
         args = self.args
-        self.saver = tf.compat.v1.train.Saver()  # the global variables, all made by now
-        local_init = tf.compat.v1.local_variables_initializer()
+        self.saver = tf.compat.v1.train.Saver()  # every global variable: all are made by now
+        initialise_local = tf.compat.v1.local_variables_initializer()
         if self.is_chief:
-            global_init = tf.compat.v1.global_variables_initializer()
+            initialise = tf.compat.v1.global_variables_initializer()
         else:
-            global_variables = tf.compat.v1.global_variables()
-            not_ready = tf.compat.v1.report_uninitialized_variables(global_variables)
+            not_ready = tf.compat.v1.report_uninitialized_variables(tf.compat.v1.global_variables())
         tf.compat.v1.get_default_graph().finalize()  # a loop that adds ops would grow forever
         # filter devices, or the session waits for every worker to answer, even those that left
         session = tf.compat.v1.Session(server.target, config=tf.compat.v1.ConfigProto(
@@ -548,29 +625,31 @@ class TrainingLog(object):
                 print("[worker0] resuming from the checkpoint at global step %d"
                       % session.run(self.global_step), flush=True)
             else:
-                session.run(global_init)
+                session.run(initialise)
         elif not wait_for(lambda: len(session.run(not_ready)) == 0, args.connect_timeout,
                           waiting=lambda: "[%s] waiting for the chief (worker0) to set up the "
                                           "variables" % self.role):
             fail("%s: the chief has not set the variables up after %g s"
                  % (self.role, args.connect_timeout))
-        session.run(local_init)
-        session.run(self.write_started)
-        absent = lambda: [k for k, s in enumerate(session.run(self.workers_started)) if not s]
+        session.run(initialise_local)
+        session.run(self.i_started)
+        absent = lambda: [k for k, s in enumerate(session.run(self.started)) if not s]
         if wait_for_everyone and not wait_for(lambda: not absent(), args.connect_timeout,
                                               waiting=lambda: "[%s] waiting for worker(s) %s to "
                                               "start" % (self.role, ",".join(map(str, absent())))):
             fail("%s: worker(s) %s did not start within %g s, and every round needs every "
                  "worker" % (self.role, ",".join(map(str, absent())), args.connect_timeout))
         self.step = self.start_step = int(session.run(self.global_step))
-        self.started = time.time()
-        self.progress_steps, self.progress_time = 0, self.started  # at the last progress line
+        self.start_time = time.time()
+        self.last_checkpoint = 0.0  # the first progress line saves one
+        self.progress_steps, self.progress_time = 0, self.start_time  # at the last progress line
         print("[%s] training started" % self.role, flush=True)
         return session
 
     def after_update(self, session, loss, global_step):
-        """Count the update; every --log_every local steps a progress line (the chief evaluates)."""
-        self.step, self.last_loss = int(global_step), float(loss)
+        """Count the update; every --log_every local steps a progress line (the chief adds the
+        test metrics and, once every 30 s, saves a checkpoint)."""
+        self.step = int(global_step)
         before = self.local_steps
         self.local_steps += self.steps_per_update
         if before // self.args.log_every == self.local_steps // self.args.log_every:
@@ -579,37 +658,44 @@ class TrainingLog(object):
         line = "[%s] local_step=%d global_step=%d loss=%.4f" % (
             self.role, self.local_steps, self.step, loss)
         if self.is_chief:
-            line += " test_accuracy=%.4f" % self.evaluate(session, self.step)
+            for name, value in self.evaluate(session, self.step, loss).items():
+                line += " test_%s=%.4f" % (name, value)
+            if time.time() > self.last_checkpoint + 30:
+                self.save(session)
         print(line + " steps_per_sec=%.1f" % rate, flush=True)
         self.progress_steps, self.progress_time = self.local_steps, time.time()
 
-    def evaluate(self, session, global_step, checkpoint=False):
-        """The chief's test accuracy, also to TensorBoard, after a checkpoint (one per 30 s)."""
-        if checkpoint or time.time() > self.last_checkpoint + 30:
-            self.saver.save(session, os.path.join(self.args.log_dir, "model.ckpt"), global_step)
-            self.last_checkpoint = time.time()
-        accuracy, summaries = session.run([self.test_accuracy, self.summaries],
-                                          {self.loss: self.last_loss})
-        self.writer.add_summary(summaries, global_step)
-        self.history.append([round(time.time() - self.started, 3), global_step, float(accuracy)])
-        return float(accuracy)
+    def save(self, session):
+        """The chief's checkpoint of every global variable, in --log_dir (it keeps the last 5)."""
+        self.saver.save(session, os.path.join(self.args.log_dir, "model.ckpt"), self.step)
+        self.last_checkpoint = time.time()
+
+    def evaluate(self, session, global_step, loss=None):
+        """The test metrics, each a mean over the test set, fed 1000 examples at a time (a large
+        test set is never a graph constant); also to TensorBoard, with the loss if given."""
+        metrics = test_metrics_in_batches(session, self.test_metrics, self.test_x, self.test_y,
+                                          self.test_set)
+        self.writer.add_summary(tensorboard_summary(metrics, loss), global_step)
+        seconds = round(time.time() - self.start_time, 3)
+        self.history.append([seconds, global_step] + list(metrics.values()))
+        return metrics
 
     def end(self, session, minibatches_per_update=1, **extra):
         """This worker is done; the chief waits for the others and prints the summary, with the
         example's extra fields (values, or tensors that it reads now)."""
-        session.run(self.write_finished, {self.my_local_steps: [self.local_steps]})
+        session.run(self.i_finished, {self.my_local_steps: [self.local_steps]})
         if self.is_chief:
             workers, my_end = self.cluster["worker"], time.time()
 
             def still_to_come():  # neither finished, nor lost after starting, nor too late
-                started, finished = session.run([self.workers_started, self.finished])
+                started, finished = session.run([self.started, self.finished])
                 late = time.time() > my_end + self.args.connect_timeout
                 return [k for k, w in enumerate(workers) if finished[k] < 0
                         and (is_listening(w) if started[k] else not late)]
             wait_for(lambda: not still_to_come(), waiting=lambda: (
                 "[worker0] waiting for worker(s) %s to finish" % ",".join(
                     map(str, still_to_come()))))
-            started, finished = session.run([self.workers_started, self.finished])  # after the wait
+            started, finished = session.run([self.started, self.finished])  # after the wait
             local_steps = [int(n) for n in finished]
             lost = [k for k, n in enumerate(local_steps) if n < 0 and started[k]]
             absent = [k for k, n in enumerate(local_steps) if n < 0 and not started[k]]
@@ -618,16 +704,17 @@ class TrainingLog(object):
             if absent:
                 print("[worker0] worker(s) %s never started (waited %g s)"
                       % (",".join(map(str, absent)), self.args.connect_timeout))
-            lost += absent
-            step = int(session.run(self.global_step))
-            seconds = time.time() - self.started
-            rate = (step - self.start_step) * minibatches_per_update / seconds
-            accuracy = self.evaluate(session, step, checkpoint=True)  # of the last checkpoint
-            summary = dict(example=EXAMPLE, test_accuracy=accuracy,
-                           global_step=step, workers=len(workers), ps=len(self.cluster["ps"]),
-                           lost_workers=len(lost), local_steps=local_steps,
-                           updates=step - self.start_step, steps_per_sec=rate,
-                           examples_per_sec=rate * self.args.batch_size)
+            self.step = int(session.run(self.global_step))
+            self.save(session)
+            summary = dict(example=EXAMPLE)
+            for name, value in self.evaluate(session, self.step).items():  # what it saved
+                summary["test_" + name] = value
+            rate = (self.step - self.start_step) * minibatches_per_update / (
+                time.time() - self.start_time)
+            summary.update(global_step=self.step, workers=len(workers),
+                           ps=len(self.cluster["ps"]), lost_workers=len(lost + absent),
+                           local_steps=local_steps, updates=self.step - self.start_step,
+                           steps_per_sec=rate, examples_per_sec=rate * self.args.batch_size)
             for key, value in extra.items():
                 summary[key] = float(session.run(value)) if tf.is_tensor(value) else value
             print_summary(self.role, summary, self.history, self.args.metrics_file)

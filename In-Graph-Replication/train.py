@@ -28,7 +28,8 @@ Run it
     Or set TF_CONFIG (a "worker" job only) and give no flags.
 
 Use your own model
-    Edit the two sections marked "(replace with your own)": Data and Model. --batch_size must
+    Replace the two sections marked "(replace with your own)": Data (load_dataset) and Model
+    (model_params, model_loss, model_metrics). --batch_size must
     be divisible by the number of towers.
 
 References
@@ -61,33 +62,23 @@ def example_flags(parser):
 
 # --- Data (replace with your own) -----------------------------------------------------------------
 # >>> shared: data
-Dataset = collections.namedtuple("Dataset", "x_train y_train x_test y_test pixel_max")
+Dataset = collections.namedtuple("Dataset", "x_train y_train x_test y_test")
 
 
 def load_dataset(data_path=""):
-    """Flat integer pixels and integer labels, to train and to test: by default scikit-learn's
-    1797 handwritten 8x8 digits (offline; a fixed fifth to test), or the arrays of mnist.npz."""
+    """The arrays to train and test on, as the model takes them: by default scikit-learn's 1797
+    handwritten 8x8 digits (offline; a fixed fifth to test), rows of 64 pixels scaled from 0-16
+    to [0, 1], labels 0-9; or the arrays of the .npz file at data_path (read_npz, below the
+    banner, checks them and scales integer pixels)."""
     if data_path:
-        try:
-            with np.load(data_path) as f:
-                x_train, y_train, x_test, y_test = (f[k] for k in ("x_train", "y_train",
-                                                                   "x_test", "y_test"))
-        except (OSError, KeyError, ValueError) as e:  # missing, unreadable, or a key missing
-            fail("cannot load %s (%s): give an .npz with x_train, y_train, x_test and y_test"
-                 % (data_path, str(e).splitlines()[0]))
-    else:
-        from sklearn.datasets import load_digits
-        from sklearn.model_selection import train_test_split
-        x, y = load_digits(return_X_y=True)
-        x_train, x_test, y_train, y_test = train_test_split(x, y, test_size=0.2, random_state=0,
-                                                            stratify=y)
-    flat = lambda x: x.reshape(len(x), -1).astype(np.uint8)
-    return Dataset(flat(x_train), y_train.astype(np.int64), flat(x_test), y_test.astype(np.int64),
-                   pixel_max=max(int(x_train.max()), 1))
-
-
-def scale(pixels, pixel_max):
-    return tf.cast(pixels, tf.float32) / float(pixel_max)
+        return Dataset(*read_npz(data_path, num_classes=10))
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+    x, y = load_digits(return_X_y=True)
+    x_train, x_test, y_train, y_test = train_test_split(x, y, test_size=0.2, random_state=0,
+                                                        stratify=y)
+    return Dataset((x_train / 16).astype(np.float32), y_train.astype(np.int64),
+                   (x_test / 16).astype(np.float32), y_test.astype(np.int64))
 
 
 def training_dataset(data, batch_size, worker_index, num_workers, seed):
@@ -96,9 +87,7 @@ def training_dataset(data, batch_size, worker_index, num_workers, seed):
     ds = tf.data.Dataset.from_tensor_slices((data.x_train, data.y_train))
     ds = ds.shard(num_workers, worker_index)
     ds = ds.shuffle(len(data.x_train) // num_workers + 1, seed=seed * 1000 + worker_index)
-    ds = ds.repeat().batch(batch_size, drop_remainder=True)
-    return ds.map(lambda x, y: (scale(x, data.pixel_max), y)).prefetch(2)
-
+    return ds.repeat().batch(batch_size, drop_remainder=True).prefetch(2)
 # <<< shared: data
 
 
@@ -112,22 +101,34 @@ def training_batches(data, batch_size, worker_index, num_workers, seed):
 
 # --- Model (replace with your own) ----------------------------------------------------------------
 # >>> shared: model
-def model_params(num_features, hidden, seed, num_classes=10):
-    """The MLP's variables, created under the current device scope (the ps, in the examples)."""
+def model_params(input_shape, hidden, seed, num_classes=10):
+    """The MLP's variables, made under the current device scope (the ps, in the examples), for
+    examples of input_shape (a row of features, or an image that the MLP reads as one row)."""
     glorot = lambda i: tf.compat.v1.glorot_uniform_initializer(seed=seed * 10 + i)
     zeros = tf.compat.v1.zeros_initializer()
-    return {"w1": tf.compat.v1.get_variable("w1", [num_features, hidden], initializer=glorot(1)),
+    features = int(np.prod(input_shape))
+    return {"w1": tf.compat.v1.get_variable("w1", [features, hidden], initializer=glorot(1)),
             "b1": tf.compat.v1.get_variable("b1", [hidden], initializer=zeros),
             "w2": tf.compat.v1.get_variable("w2", [hidden, num_classes], initializer=glorot(2)),
             "b2": tf.compat.v1.get_variable("b2", [num_classes], initializer=zeros)}
 
 
-def model_loss_and_accuracy(params, x, y):
-    hidden = tf.nn.relu(tf.matmul(x, params["w1"]) + params["b1"])
-    logits = tf.matmul(hidden, params["w2"]) + params["b2"]
-    loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
-    accuracy = tf.reduce_mean(tf.cast(tf.equal(tf.argmax(logits, 1), y), tf.float32))
-    return loss, accuracy
+def model_logits(params, x):
+    rows = tf.reshape(x, [-1, int(np.prod(x.shape[1:]))])  # an image becomes one row
+    hidden = tf.nn.relu(tf.matmul(rows, params["w1"]) + params["b1"])
+    return tf.matmul(hidden, params["w2"]) + params["b2"]
+
+
+def model_loss(params, x, y):
+    """What training minimises: the mean cross-entropy over a mini-batch."""
+    return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+        labels=y, logits=model_logits(params, x)))
+
+
+def model_metrics(params, x, y):
+    """What the chief reports on the test set, by name: each a mean over a batch of examples."""
+    correct = tf.equal(tf.argmax(model_logits(params, x), 1), y)
+    return {"accuracy": tf.reduce_mean(tf.cast(correct, tf.float32))}
 # <<< shared: model
 
 
@@ -145,13 +146,13 @@ def build_towers(args, devices, controller, x, y):
     """
     with tf.compat.v1.device(controller):
         global_step = tf.compat.v1.train.get_or_create_global_step()
-        params = model_params(int(x.shape[1]), args.hidden, args.seed)  # one copy, shared
+        params = model_params(x.shape[1:], args.hidden, args.seed)  # one copy, shared
         x_slices = tf.split(x, len(devices))  # a different slice for every tower: feeding
         y_slices = tf.split(y, len(devices))  # each the whole batch would repeat the work
     tower_losses, tower_gradients = [], []
     for i, device in enumerate(devices):
         with tf.compat.v1.device(device), tf.compat.v1.name_scope("tower%d" % i):
-            loss = model_loss_and_accuracy(params, x_slices[i], y_slices[i])[0]
+            loss = model_loss(params, x_slices[i], y_slices[i])
             tower_losses.append(loss)
             tower_gradients.append(tf.gradients(loss, list(params.values())))
     with tf.compat.v1.device(controller), tf.compat.v1.name_scope("controller"):
@@ -165,21 +166,19 @@ def build_towers(args, devices, controller, x, y):
 
 
 # --- The training loop ----------------------------------------------------------------------------
-def train(args, cluster, target):
+def train(args, cluster, target, data):
     """The client's loop: one graph, run on this process alone or on the cluster (target)."""
-    data = load_dataset(args.data_path)
     devices, controller = run_devices(args, cluster)  # a tower on each device
     with tf.compat.v1.device(controller):  # one input pipeline, on the controller
         x, y = training_batches(data, args.batch_size, 0, 1, args.seed)
     towers = build_towers(args, devices, controller, x, y)
-    with tf.compat.v1.device(controller):
-        x_test = scale(data.x_test, data.pixel_max)
-        log = ClientLog(args, cluster, model_loss_and_accuracy(towers.params, x_test,
-                                                               data.y_test)[1])
-    session = log.start(target, devices)
-    while log.step < args.steps:
-        log.after_update(session, *session.run([towers.loss, towers.step]))
-    return log.end(session, towers=len(devices))
+    with tf.compat.v1.device(controller):  # the test metrics, too
+        client = Client(args, cluster, lambda x, y: model_metrics(towers.params, x, y),
+                        (data.x_test, data.y_test))
+    session = client.start(target, devices)
+    while client.step < args.steps:
+        client.after_update(session, *session.run([towers.loss, towers.step]))
+    return client.end(session, towers=len(devices))
 
 
 def main(argv=None):
@@ -189,17 +188,19 @@ def main(argv=None):
     if args.batch_size % towers:
         fail("--batch_size %d cannot be split over %d towers: give a multiple of %d"
              % (args.batch_size, towers, towers))
-    return run_task(args, cluster, train)
+    data = load_dataset(args.data_path) if args.task_index == 0 else None  # the client needs it
+    return run_task(args, cluster, train, data)
 
 
 # ==================================================================================================
-# Plumbing shared by every example (you need not read below)
+# Plumbing shared by every example (what a job needs besides its algorithm)
 # ==================================================================================================
 # What the client of a cluster, and the tasks it drives, need besides the algorithm, in this order;
 # the same text in every train.py with one client (a test keeps the copies equal):
 #   1. flags, and the workers from them or from TF_CONFIG (neither:
-#      this process alone)                                        parse_flags, resolve_workers,
-#                                                                  check_cluster, positive_seconds
+#      this process alone); --data_path's file, checked           parse_flags, resolve_workers,
+#                                                                  check_cluster, positive_seconds,
+#                                                                  read_npz
 #   2. TensorFlow loads after the checks; this task's server and
 #      its devices; a failure ends the task in one line           run_task, task_config, fail,
 #                                                                  cause
@@ -208,8 +209,11 @@ def main(argv=None):
 #                                                                  is_listening
 #   4. the devices that carry the model, and the controller        run_devices
 #   5. the client's session, once every worker answers; the
-#      variables initialised or restored                           ClientLog.start
-#   6. progress lines, test accuracy, checkpoints, TensorBoard    after_update, evaluate
+#      variables initialised or restored                           Client.start
+#   6. progress lines, checkpoints, the test metrics over the
+#      test set in batches, TensorBoard                            after_update, save, evaluate,
+#                                                                  test_metrics_in_batches,
+#                                                                  tensorboard_summary
 #   7. the summary line                                            end, print_summary
 # >>> shared: flags
 def fail(message):
@@ -236,11 +240,12 @@ def parse_flags(argv, example_flags, distributed=True):
         ("batch_size", int, 64, "examples per mini-batch"),
         ("learning_rate", float, 0.1, "the workers' learning rate"),
         ("hidden", int, 128, "width of the MLP's hidden layer"),
-        ("data_path", str, "", "your own images: an .npz like mnist.npz (default: digits)"),
+        ("data_path", str, "", "your own data: an .npz with x_train, y_train, x_test and y_test, "
+         "any numbers and shapes (default: the digits)"),
         ("log_dir", str, "", "checkpoints and summaries; one that has them resumes"),
         ("seed", int, 0, "seed of the initial weights and the shuffling"),
         ("metrics_file", str, "", "also write the summary here, as JSON"),
-        ("log_every", int, 100, "progress (the chief's: test accuracy) every N local steps"),
+        ("log_every", int, 100, "progress (the chief's: test metrics) every N local steps"),
     ]
     cluster = [
         ("job_name", str, "", "ps or worker (or set TF_CONFIG)"),
@@ -265,6 +270,48 @@ def parse_flags(argv, example_flags, distributed=True):
         run_name = time.strftime("%Y%m%d-%H%M%S-") + str(os.getpid())
         args.log_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "logs", run_name)
     return args
+
+
+NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
+
+
+def read_npz(path, num_classes=None):
+    """--data_path's x_train, y_train, x_test and y_test, checked before TensorFlow loads. Features
+    of any shape: floats are kept as they are (in float32), integers (pixels) are scaled to
+    [0, 1] by the largest in x_train, and images (N, H, W) gain a channel axis (N, H, W, 1), as a
+    convolution takes them. Labels: integer classes in [0, num_classes), or with num_classes
+    None any numbers (a regression's targets, in float32)."""
+    try:
+        with np.load(path) as f:
+            x_train, y_train, x_test, y_test = (f[k] for k in NPZ_KEYS)
+    except (OSError, KeyError, ValueError) as e:  # missing, unreadable, or a key missing
+        fail("cannot load %s (%s): give an .npz with x_train, y_train, x_test and y_test"
+             % (path, str(e).splitlines()[0]))
+    for name, array in zip(NPZ_KEYS, (x_train, y_train, x_test, y_test)):
+        if array.dtype.kind not in "biuf" or array.ndim == 0 or len(array) == 0:
+            fail("%s: %s must be a non-empty array of numbers, not %s %s"
+                 % (path, name, array.dtype, array.shape))
+        if not np.all(np.isfinite(array)):
+            fail("%s: %s has NaN or infinite values" % (path, name))
+    if len(x_train) != len(y_train) or len(x_test) != len(y_test):
+        fail("%s: x and y differ in length: %d and %d to train, %d and %d to test"
+             % (path, len(x_train), len(y_train), len(x_test), len(y_test)))
+    if x_train.shape[1:] != x_test.shape[1:]:
+        fail("%s: train and test examples differ in shape: %s and %s"
+             % (path, x_train.shape[1:], x_test.shape[1:]))
+    if num_classes is None:
+        y_train, y_test = y_train.astype(np.float32), y_test.astype(np.float32)
+    else:
+        for name, y in (("y_train", y_train), ("y_test", y_test)):
+            if y.ndim != 1 or np.any(y != np.round(y)) or y.min() < 0 or y.max() >= num_classes:
+                fail("%s: %s must hold integer labels in [0, %d)" % (path, name, num_classes))
+        y_train, y_test = y_train.astype(np.int64), y_test.astype(np.int64)
+    if x_train.dtype.kind != "f":  # integer pixels
+        pixel_max = max(float(x_train.max()), 1.0)
+        x_train, x_test = x_train / pixel_max, x_test / pixel_max
+    if x_train.ndim == 3:  # images without a channel axis
+        x_train, x_test = x_train[..., np.newaxis], x_test[..., np.newaxis]
+    return x_train.astype(np.float32), y_train, x_test.astype(np.float32), y_test
 # <<< shared: flags
 
 
@@ -332,6 +379,32 @@ def print_summary(role, summary, history, metrics_file):
 # <<< shared: summary
 
 
+# >>> shared: test metrics
+def test_metrics_in_batches(session, metrics, x, y, test_set):
+    """Each of metrics (tensors, each a mean over a batch) averaged over the whole test set, fed
+    1000 examples at a time into the placeholders x and y: a large test set never becomes a
+    graph constant."""
+    x_test, y_test = test_set
+    totals = dict.fromkeys(metrics, 0.0)
+    for i in range(0, len(x_test), 1000):
+        feed = {x: x_test[i:i + 1000], y: y_test[i:i + 1000]}
+        for name, value in session.run(metrics, feed).items():
+            totals[name] += value * len(feed[x])
+    return {name: float(total / len(x_test)) for name, total in totals.items()}
+
+
+def tensorboard_summary(metrics, loss=None):
+    """The test metrics (test_NAME), and the training loss if given, as one TensorBoard
+    summary."""
+    summary = tf.compat.v1.Summary()
+    for name, value in metrics.items():
+        summary.value.add(tag="test_" + name, simple_value=value)
+    if loss is not None:
+        summary.value.add(tag="loss", simple_value=loss)
+    return summary
+# <<< shared: test metrics
+
+
 # >>> shared: one client
 def resolve_workers(args):
     """The workers from the flags, or else from TF_CONFIG (a "worker" job, a "chief" as worker 0,
@@ -378,9 +451,10 @@ def task_config(args):
                                     intra_op_parallelism_threads=1)
 
 
-def run_task(args, cluster, train):
+def run_task(args, cluster, train, data):
     """Load TensorFlow; alone, train in this process; in a cluster, start this task's server,
-    then worker 0 trains (it is the client) and the others serve."""
+    then worker 0 trains (it is the client: train(args, cluster, target, data)) and the others
+    serve."""
     global tf  # loaded only now: bad input has failed in one line, without TensorFlow's start-up
     if cluster and is_listening(cluster["worker"][args.task_index]):
         fail("%s: port %s is already in use: by an earlier run?"
@@ -391,12 +465,12 @@ def run_task(args, cluster, train):
     tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)
     try:
         if not cluster:
-            return train(args, None, "")
+            return train(args, None, "", data)
         server = tf.compat.v1.train.Server(cluster, job_name="worker",
                                            task_index=args.task_index, config=task_config(args))
         if args.task_index > 0:
             return serve(args, cluster, server)
-        return train(args, cluster, server.target)
+        return train(args, cluster, server.target, data)
     except tf.errors.OpError as e:
         lost = isinstance(e, (tf.errors.UnavailableError, tf.errors.DeadlineExceededError))
         why = "a worker is gone or did not answer within --step_timeout" if lost else cause(e)
@@ -446,19 +520,20 @@ def run_devices(args, cluster):
     return devices, tasks[0] + "/device:CPU:0"
 
 
-class ClientLog(object):
-    """The client's session, progress lines, test accuracy, checkpoints, TensorBoard summaries
-    and summary line. test_accuracy: a tensor of the model's accuracy on the test set."""
+class Client(object):
+    """The client's session, progress lines, checkpoints, test metrics, TensorBoard summaries
+    and summary line, given what train() built: test_metrics(x, y), a dict of metric tensors for
+    a batch of test examples (each a mean over the batch), and test_set, (x_test, y_test), fed to
+    it in batches. Made under a device scope, the metrics run there."""
 
-    def __init__(self, args, cluster, test_accuracy):
-        self.args, self.cluster, self.test_accuracy = args, cluster, test_accuracy
+    def __init__(self, args, cluster, test_metrics, test_set):
+        self.args, self.cluster, self.test_set = args, cluster, test_set
         self.global_step = tf.compat.v1.train.get_or_create_global_step()
-        self.loss = tf.compat.v1.placeholder(tf.float32, [], name="loss")
-        self.summaries = tf.compat.v1.summary.merge([
-            tf.compat.v1.summary.scalar("test_accuracy", test_accuracy),
-            tf.compat.v1.summary.scalar("loss", self.loss)])
-        self.step, self.last_loss, self.history = 0, float("nan"), []
-        self.last_checkpoint = 0.0  # when the client last saved one
+        x_test, y_test = test_set
+        self.test_x = tf.compat.v1.placeholder(x_test.dtype, (None,) + x_test.shape[1:])
+        self.test_y = tf.compat.v1.placeholder(y_test.dtype, (None,) + y_test.shape[1:])
+        self.test_metrics = test_metrics(self.test_x, self.test_y)
+        self.step, self.history = 0, []
         others = range(1, len(cluster["worker"])) if cluster else []
         self.run_over = [run_over_flag(k) for k in others]  # every other worker's own flag
         self.raise_run_over = [flag.assign(True) for flag in self.run_over]
@@ -493,40 +568,53 @@ class ClientLog(object):
             session.run(init)
         self.step = self.start_step = int(session.run(self.global_step))
         self.started = time.time()
+        self.last_checkpoint = 0.0  # the first progress line saves one
         self.progress_step, self.progress_time = self.step, self.started
         print("[%s] training started" % role, flush=True)
         return session
 
     def after_update(self, session, loss, global_step):
-        """Count the update; every --log_every steps a progress line with the test accuracy."""
-        self.step, self.last_loss = int(global_step), float(loss)
+        """Count the update; every --log_every steps a progress line with the test metrics and,
+        once every 30 s, a checkpoint."""
+        self.step = int(global_step)
         if self.step % self.args.log_every:
             return
         rate = (self.step - self.progress_step) / (time.time() - self.progress_time)
-        print("[%s] global_step=%d loss=%.4f test_accuracy=%.4f steps_per_sec=%.1f" % (
-            self.args.role, self.step, loss, self.evaluate(session, self.step), rate), flush=True)
+        line = "[%s] global_step=%d loss=%.4f" % (self.args.role, self.step, loss)
+        for name, value in self.evaluate(session, self.step, loss).items():
+            line += " test_%s=%.4f" % (name, value)
+        print(line + " steps_per_sec=%.1f" % rate, flush=True)
+        if time.time() > self.last_checkpoint + 30:
+            self.save(session)
         self.progress_step, self.progress_time = self.step, time.time()
 
-    def evaluate(self, session, global_step, checkpoint=False):
-        """The test accuracy, also to TensorBoard, after a checkpoint (one per 30 s)."""
-        if checkpoint or time.time() > self.last_checkpoint + 30:
-            self.saver.save(session, os.path.join(self.args.log_dir, "model.ckpt"), global_step)
-            self.last_checkpoint = time.time()
-        accuracy, summaries = session.run([self.test_accuracy, self.summaries],
-                                          {self.loss: self.last_loss})
-        self.writer.add_summary(summaries, global_step)
-        self.history.append([round(time.time() - self.started, 3), global_step, float(accuracy)])
-        return float(accuracy)
+    def save(self, session):
+        """A checkpoint of every variable, in --log_dir (the last 5 are kept)."""
+        self.saver.save(session, os.path.join(self.args.log_dir, "model.ckpt"), self.step)
+        self.last_checkpoint = time.time()
+
+    def evaluate(self, session, global_step, loss=None):
+        """The test metrics, each a mean over the test set, fed 1000 examples at a time (a large
+        test set is never a graph constant); also to TensorBoard, with the loss if given."""
+        metrics = test_metrics_in_batches(session, self.test_metrics, self.test_x, self.test_y,
+                                          self.test_set)
+        self.writer.add_summary(tensorboard_summary(metrics, loss), global_step)
+        seconds = round(time.time() - self.started, 3)
+        self.history.append([seconds, global_step] + list(metrics.values()))
+        return metrics
 
     def end(self, session, **extra):
         """The last checkpoint and evaluation, and the summary line with the example's extra
         fields; then the client tells the other workers that the run is over."""
-        step = int(session.run(self.global_step))
-        updates = step - self.start_step
+        self.step = int(session.run(self.global_step))
+        self.save(session)
+        updates = self.step - self.start_step
         rate = updates / (time.time() - self.started)
         workers = len(self.cluster["worker"]) if self.cluster else 1
-        summary = dict(example=EXAMPLE, test_accuracy=self.evaluate(session, step, True),
-                       global_step=step, workers=workers, ps=0, lost_workers=0,
+        summary = dict(example=EXAMPLE)
+        for name, value in self.evaluate(session, self.step).items():  # what it saved
+            summary["test_" + name] = value
+        summary.update(global_step=self.step, workers=workers, ps=0, lost_workers=0,
                        local_steps=[updates], updates=updates, steps_per_sec=rate,
                        examples_per_sec=rate * self.args.batch_size, **extra)
         print_summary(self.args.role, summary, self.history, self.args.metrics_file)

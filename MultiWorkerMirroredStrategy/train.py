@@ -25,7 +25,7 @@ Run it
     By hand: every worker gets --worker_hosts and its --task_index (--job_name worker); or
     TF_CONFIG with a "worker" job, as the strategy reads it.
 
-Use your own model: edit the sections marked "(replace with your own)", Data and Model.
+Use your own model: replace the sections marked "(replace with your own)", Data and Model.
 
 References
     TensorFlow guide "Multi-worker training with a custom training loop";
@@ -57,33 +57,23 @@ def example_flags(parser):
 
 # --- Data (replace with your own) -----------------------------------------------------------------
 # >>> shared: data
-Dataset = collections.namedtuple("Dataset", "x_train y_train x_test y_test pixel_max")
+Dataset = collections.namedtuple("Dataset", "x_train y_train x_test y_test")
 
 
 def load_dataset(data_path=""):
-    """Flat integer pixels and integer labels, to train and to test: by default scikit-learn's
-    1797 handwritten 8x8 digits (offline; a fixed fifth to test), or the arrays of mnist.npz."""
+    """The arrays to train and test on, as the model takes them: by default scikit-learn's 1797
+    handwritten 8x8 digits (offline; a fixed fifth to test), rows of 64 pixels scaled from 0-16
+    to [0, 1], labels 0-9; or the arrays of the .npz file at data_path (read_npz, below the
+    banner, checks them and scales integer pixels)."""
     if data_path:
-        try:
-            with np.load(data_path) as f:
-                x_train, y_train, x_test, y_test = (f[k] for k in ("x_train", "y_train",
-                                                                   "x_test", "y_test"))
-        except (OSError, KeyError, ValueError) as e:  # missing, unreadable, or a key missing
-            fail("cannot load %s (%s): give an .npz with x_train, y_train, x_test and y_test"
-                 % (data_path, str(e).splitlines()[0]))
-    else:
-        from sklearn.datasets import load_digits
-        from sklearn.model_selection import train_test_split
-        x, y = load_digits(return_X_y=True)
-        x_train, x_test, y_train, y_test = train_test_split(x, y, test_size=0.2, random_state=0,
-                                                            stratify=y)
-    flat = lambda x: x.reshape(len(x), -1).astype(np.uint8)
-    return Dataset(flat(x_train), y_train.astype(np.int64), flat(x_test), y_test.astype(np.int64),
-                   pixel_max=max(int(x_train.max()), 1))
-
-
-def scale(pixels, pixel_max):
-    return tf.cast(pixels, tf.float32) / float(pixel_max)
+        return Dataset(*read_npz(data_path, num_classes=10))
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+    x, y = load_digits(return_X_y=True)
+    x_train, x_test, y_train, y_test = train_test_split(x, y, test_size=0.2, random_state=0,
+                                                        stratify=y)
+    return Dataset((x_train / 16).astype(np.float32), y_train.astype(np.int64),
+                   (x_test / 16).astype(np.float32), y_test.astype(np.int64))
 
 
 def training_dataset(data, batch_size, worker_index, num_workers, seed):
@@ -92,30 +82,40 @@ def training_dataset(data, batch_size, worker_index, num_workers, seed):
     ds = tf.data.Dataset.from_tensor_slices((data.x_train, data.y_train))
     ds = ds.shard(num_workers, worker_index)
     ds = ds.shuffle(len(data.x_train) // num_workers + 1, seed=seed * 1000 + worker_index)
-    ds = ds.repeat().batch(batch_size, drop_remainder=True)
-    return ds.map(lambda x, y: (scale(x, data.pixel_max), y)).prefetch(2)
-
+    return ds.repeat().batch(batch_size, drop_remainder=True).prefetch(2)
 # <<< shared: data
 
 
 # --- Model (replace with your own) ----------------------------------------------------------------
 # >>> shared: model
-def model_params(num_features, hidden, seed, num_classes=10):
-    """The MLP's variables, created under the current device scope (the ps, in the examples)."""
+def model_params(input_shape, hidden, seed, num_classes=10):
+    """The MLP's variables, made under the current device scope (the ps, in the examples), for
+    examples of input_shape (a row of features, or an image that the MLP reads as one row)."""
     glorot = lambda i: tf.compat.v1.glorot_uniform_initializer(seed=seed * 10 + i)
     zeros = tf.compat.v1.zeros_initializer()
-    return {"w1": tf.compat.v1.get_variable("w1", [num_features, hidden], initializer=glorot(1)),
+    features = int(np.prod(input_shape))
+    return {"w1": tf.compat.v1.get_variable("w1", [features, hidden], initializer=glorot(1)),
             "b1": tf.compat.v1.get_variable("b1", [hidden], initializer=zeros),
             "w2": tf.compat.v1.get_variable("w2", [hidden, num_classes], initializer=glorot(2)),
             "b2": tf.compat.v1.get_variable("b2", [num_classes], initializer=zeros)}
 
 
-def model_loss_and_accuracy(params, x, y):
-    hidden = tf.nn.relu(tf.matmul(x, params["w1"]) + params["b1"])
-    logits = tf.matmul(hidden, params["w2"]) + params["b2"]
-    loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
-    accuracy = tf.reduce_mean(tf.cast(tf.equal(tf.argmax(logits, 1), y), tf.float32))
-    return loss, accuracy
+def model_logits(params, x):
+    rows = tf.reshape(x, [-1, int(np.prod(x.shape[1:]))])  # an image becomes one row
+    hidden = tf.nn.relu(tf.matmul(rows, params["w1"]) + params["b1"])
+    return tf.matmul(hidden, params["w2"]) + params["b2"]
+
+
+def model_loss(params, x, y):
+    """What training minimises: the mean cross-entropy over a mini-batch."""
+    return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+        labels=y, logits=model_logits(params, x)))
+
+
+def model_metrics(params, x, y):
+    """What the chief reports on the test set, by name: each a mean over a batch of examples."""
+    correct = tf.equal(tf.argmax(model_logits(params, x), 1), y)
+    return {"accuracy": tf.reduce_mean(tf.cast(correct, tf.float32))}
 # <<< shared: model
 
 
@@ -129,7 +129,7 @@ def build_mirrored(args, cluster, data):
         communication_options=tf.distribute.experimental.CommunicationOptions(
             timeout_seconds=args.step_timeout))
     with strategy.scope():  # a copy on every worker; the initial values come from worker 0
-        params = model_params(data.x_train.shape[1], args.hidden, args.seed)
+        params = model_params(data.x_train.shape[1:], args.hidden, args.seed)
         global_step = tf.Variable(0, dtype=tf.int64, name="global_step")
 
     def dataset_fn(context):  # this worker's own part of the training set
@@ -144,7 +144,7 @@ def build_mirrored(args, cluster, data):
     def train_step(iterator):
         def step(x, y):  # on every worker, in lockstep
             with tf.GradientTape() as tape:
-                loss = model_loss_and_accuracy(params, x, y)[0]
+                loss = model_loss(params, x, y)
             gradients = tape.gradient(loss, list(params.values()))
             mean = tf.distribute.get_replica_context().all_reduce("mean", gradients)
             for p, g in zip(params.values(), mean):
@@ -157,40 +157,43 @@ def build_mirrored(args, cluster, data):
 
 
 # --- The training loop ----------------------------------------------------------------------------
-def train(args, cluster):
+def train(args, cluster, data):
     """Every worker runs this loop; worker 0 (the chief) reports and keeps the checkpoints."""
-    data = load_dataset(args.data_path)
     workers = len(cluster["worker"])
     mirrored = build_mirrored(args, cluster, data)
-    log = Tf2Log(args, cluster, mirrored.params, data, tf.train.Checkpoint(
-        global_step=mirrored.global_step, **mirrored.params), is_chief=args.task_index == 0)
+    run = TrainingRun(args, cluster, lambda x, y: model_metrics(mirrored.params, x, y),
+                      (data.x_test, data.y_test), tf.train.Checkpoint(
+                          global_step=mirrored.global_step, **mirrored.params),
+                      is_chief=args.task_index == 0)
     replicas = mirrored.strategy.num_replicas_in_sync  # a mini-batch each in every step
     last_step = math.ceil(args.steps / replicas)  # --steps counts the mini-batches of all workers
-    for step in range(log.start_step + 1, last_step + 1):
+    for step in range(run.start_step + 1, last_step + 1):
         loss = mirrored.train_step(mirrored.iterator)
         if step % args.log_every == 0 or step == last_step:
-            log.progress(float(loss), step)  # every worker saves: a checkpoint is collective
+            run.progress(float(loss), step)  # every worker saves: a checkpoint is collective
     checksum = sum(float(tf.reduce_sum(p)) for p in mirrored.params.values())
     print("[worker%d] done: parameters checksum=%.9g" % (args.task_index, checksum), flush=True)
     steps = int(mirrored.global_step.numpy())
-    return log.end(steps, [steps] * workers, minibatches_per_update=replicas,
+    return run.end(steps, [steps] * workers, minibatches_per_update=replicas,
                    learning_rate_eff=args.learning_rate * replicas)
 
 
 def main(argv=None):
     args = parse_flags(argv, example_flags)  # bad input fails here, before TensorFlow loads
     cluster = tf2_cluster(args, JOBS)
+    data = load_dataset(args.data_path)  # a bad file fails here too, before TensorFlow loads
     start_tensorflow(args, cluster)
-    return run_and_exit(train, args, cluster)
+    return run_and_exit(train, args, cluster, data)
 
 
 # ==================================================================================================
-# Plumbing shared by every example (you need not read below)
+# Plumbing shared by every example (what a job needs besides its algorithm)
 # ==================================================================================================
 # What a task of a TensorFlow 2 cluster needs besides its algorithm, in this order; the same text
 # in every TensorFlow 2 train.py (a test keeps the copies equal):
-#   1. flags, and the cluster from them or from TF_CONFIG          parse_flags, tf2_cluster,
-#                                                                  check_cluster, positive_seconds
+#   1. flags, and the cluster from them or from TF_CONFIG;         parse_flags, tf2_cluster,
+#      --data_path's file, checked                                check_cluster, positive_seconds,
+#                                                                  read_npz
 #   2. TensorFlow loads after the checks; a failure ends the task
 #      in one line                                                start_tensorflow, run_and_exit,
 #                                                                  fail, cause
@@ -198,7 +201,7 @@ def main(argv=None):
 #      the task it serves is gone                                 serve_until_gone, wait_for,
 #                                                                  is_listening
 #   4. checkpoints and resume; progress lines with the test
-#      accuracy; TensorBoard summaries                            Tf2Log, progress
+#      metrics; TensorBoard summaries                             TrainingRun, progress
 #   5. the summary line                                           end, print_summary
 # >>> shared: flags
 def fail(message):
@@ -225,11 +228,12 @@ def parse_flags(argv, example_flags, distributed=True):
         ("batch_size", int, 64, "examples per mini-batch"),
         ("learning_rate", float, 0.1, "the workers' learning rate"),
         ("hidden", int, 128, "width of the MLP's hidden layer"),
-        ("data_path", str, "", "your own images: an .npz like mnist.npz (default: digits)"),
+        ("data_path", str, "", "your own data: an .npz with x_train, y_train, x_test and y_test, "
+         "any numbers and shapes (default: the digits)"),
         ("log_dir", str, "", "checkpoints and summaries; one that has them resumes"),
         ("seed", int, 0, "seed of the initial weights and the shuffling"),
         ("metrics_file", str, "", "also write the summary here, as JSON"),
-        ("log_every", int, 100, "progress (the chief's: test accuracy) every N local steps"),
+        ("log_every", int, 100, "progress (the chief's: test metrics) every N local steps"),
     ]
     cluster = [
         ("job_name", str, "", "ps or worker (or set TF_CONFIG)"),
@@ -254,6 +258,48 @@ def parse_flags(argv, example_flags, distributed=True):
         run_name = time.strftime("%Y%m%d-%H%M%S-") + str(os.getpid())
         args.log_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "logs", run_name)
     return args
+
+
+NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
+
+
+def read_npz(path, num_classes=None):
+    """--data_path's x_train, y_train, x_test and y_test, checked before TensorFlow loads. Features
+    of any shape: floats are kept as they are (in float32), integers (pixels) are scaled to
+    [0, 1] by the largest in x_train, and images (N, H, W) gain a channel axis (N, H, W, 1), as a
+    convolution takes them. Labels: integer classes in [0, num_classes), or with num_classes
+    None any numbers (a regression's targets, in float32)."""
+    try:
+        with np.load(path) as f:
+            x_train, y_train, x_test, y_test = (f[k] for k in NPZ_KEYS)
+    except (OSError, KeyError, ValueError) as e:  # missing, unreadable, or a key missing
+        fail("cannot load %s (%s): give an .npz with x_train, y_train, x_test and y_test"
+             % (path, str(e).splitlines()[0]))
+    for name, array in zip(NPZ_KEYS, (x_train, y_train, x_test, y_test)):
+        if array.dtype.kind not in "biuf" or array.ndim == 0 or len(array) == 0:
+            fail("%s: %s must be a non-empty array of numbers, not %s %s"
+                 % (path, name, array.dtype, array.shape))
+        if not np.all(np.isfinite(array)):
+            fail("%s: %s has NaN or infinite values" % (path, name))
+    if len(x_train) != len(y_train) or len(x_test) != len(y_test):
+        fail("%s: x and y differ in length: %d and %d to train, %d and %d to test"
+             % (path, len(x_train), len(y_train), len(x_test), len(y_test)))
+    if x_train.shape[1:] != x_test.shape[1:]:
+        fail("%s: train and test examples differ in shape: %s and %s"
+             % (path, x_train.shape[1:], x_test.shape[1:]))
+    if num_classes is None:
+        y_train, y_test = y_train.astype(np.float32), y_test.astype(np.float32)
+    else:
+        for name, y in (("y_train", y_train), ("y_test", y_test)):
+            if y.ndim != 1 or np.any(y != np.round(y)) or y.min() < 0 or y.max() >= num_classes:
+                fail("%s: %s must hold integer labels in [0, %d)" % (path, name, num_classes))
+        y_train, y_test = y_train.astype(np.int64), y_test.astype(np.int64)
+    if x_train.dtype.kind != "f":  # integer pixels
+        pixel_max = max(float(x_train.max()), 1.0)
+        x_train, x_test = x_train / pixel_max, x_test / pixel_max
+    if x_train.ndim == 3:  # images without a channel axis
+        x_train, x_test = x_train[..., np.newaxis], x_test[..., np.newaxis]
+    return x_train.astype(np.float32), y_train, x_test.astype(np.float32), y_test
 # <<< shared: flags
 
 
@@ -393,11 +439,11 @@ def serve_until_gone(args, cluster, watched):
     os._exit(0)  # the server's threads would keep an ordinary exit waiting forever
 
 
-def run_and_exit(train, args, cluster):
-    """Run train; a lost peer ends the task in one line. Then exit at once: the strategy's
-    threads would keep an ordinary exit waiting for servers that are gone."""
+def run_and_exit(train, args, cluster, data):
+    """Run train(args, cluster, data); a lost peer ends the task in one line. Then exit at once:
+    the strategy's threads would keep an ordinary exit waiting for servers that are gone."""
     try:
-        code = train(args, cluster)
+        code = train(args, cluster, data)
     except tf.errors.OpError as e:
         lost = isinstance(e, (tf.errors.UnavailableError, tf.errors.DeadlineExceededError))
         why = "a peer is gone or did not answer in time" if lost else cause(e)
@@ -410,15 +456,18 @@ def run_and_exit(train, args, cluster):
 # <<< shared: tf2 cluster
 
 
-# >>> shared: tf2 log
-class Tf2Log(object):
-    """The chief's bookkeeping: resume from and write checkpoints, progress lines with the test
-    accuracy, TensorBoard summaries, and the summary at the end (the same as every example's)."""
+# >>> shared: tf2 run
+class TrainingRun(object):
+    """The run as this task keeps it: checkpoints (the latest in --log_dir restored at the start,
+    one saved with every progress line and at the end), progress lines, and the chief's test
+    metrics, TensorBoard summaries and summary line. train() hands it test_metrics(x, y), a dict
+    of metrics for a batch of test examples (each a mean over the batch), and test_set,
+    (x_test, y_test), fed to it in batches."""
 
-    def __init__(self, args, cluster, params, data, checkpoint, is_chief=True):
-        self.args, self.cluster, self.params, self.is_chief = args, cluster, params, is_chief
+    def __init__(self, args, cluster, test_metrics, test_set, checkpoint, is_chief=True):
+        self.args, self.cluster, self.is_chief = args, cluster, is_chief
+        self.test_metrics, self.test_set = test_metrics, test_set
         self.role = "%s%d" % (args.job_name, args.task_index)
-        self.x_test, self.y_test = scale(data.x_test, data.pixel_max), data.y_test
         # every task restores from the chief's checkpoints; only the chief's saves are kept
         # (with MultiWorkerMirroredStrategy every task must save: the others save to scratch)
         self.scratch = None if is_chief else tempfile.mkdtemp(prefix="checkpoint-scratch-")
@@ -437,21 +486,31 @@ class Tf2Log(object):
         print("[%s] training started: log_dir=%s" % (self.role, args.log_dir), flush=True)
 
     def evaluate(self, global_step, loss=None):
-        """The chief's test accuracy, also to TensorBoard with the loss."""
-        accuracy = float(model_loss_and_accuracy(self.params, self.x_test, self.y_test)[1])
-        self.history.append([round(time.time() - self.started, 3), global_step, accuracy])
+        """The test metrics, each a mean over the test set, 1000 examples at a time; also to
+        TensorBoard, with the loss if given."""
+        x_test, y_test = self.test_set
+        totals = {}
+        for i in range(0, len(x_test), 1000):
+            x, y = x_test[i:i + 1000], y_test[i:i + 1000]
+            for name, value in self.test_metrics(x, y).items():
+                totals[name] = totals.get(name, 0.0) + float(value) * len(x)
+        metrics = {name: total / len(x_test) for name, total in totals.items()}
+        seconds = round(time.time() - self.started, 3)
+        self.history.append([seconds, global_step] + list(metrics.values()))
         with self.writer.as_default():
-            tf.summary.scalar("test_accuracy", accuracy, step=global_step)
+            for name, value in metrics.items():
+                tf.summary.scalar("test_" + name, value, step=global_step)
             if loss is not None:
                 tf.summary.scalar("loss", loss, step=global_step)
-        return accuracy
+        return metrics
 
     def progress(self, loss, global_step):
-        """A progress line, a checkpoint; the chief adds the test accuracy and summaries."""
+        """A progress line, a checkpoint; the chief adds the test metrics and summaries."""
         rate = (global_step - self.progress_step) / (time.time() - self.progress_time)
         line = "[%s] global_step=%d loss=%.4f" % (self.role, global_step, loss)
         if self.is_chief:
-            line += " test_accuracy=%.4f" % self.evaluate(global_step, loss)
+            for name, value in self.evaluate(global_step, loss).items():
+                line += " test_%s=%.4f" % (name, value)
         print(line + " steps_per_sec=%.1f" % rate, flush=True)
         self.manager.save(checkpoint_number=global_step)
         self.progress_step, self.progress_time = global_step, time.time()
@@ -464,16 +523,19 @@ class Tf2Log(object):
             return 0
         seconds = time.time() - self.started
         minibatches = (global_step - self.start_step) * minibatches_per_update
-        summary = dict(
-            example=EXAMPLE, test_accuracy=self.evaluate(global_step), global_step=global_step,
-            workers=len(self.cluster["worker"]), ps=len(self.cluster.get("ps", [])),
-            lost_workers=lost_workers, local_steps=local_steps,
-            updates=global_step - self.start_step, steps_per_sec=minibatches / seconds,
+        summary = dict(example=EXAMPLE)
+        for name, value in self.evaluate(global_step).items():
+            summary["test_" + name] = value
+        summary.update(
+            global_step=global_step, workers=len(self.cluster["worker"]),
+            ps=len(self.cluster.get("ps", [])), lost_workers=lost_workers,
+            local_steps=local_steps, updates=global_step - self.start_step,
+            steps_per_sec=minibatches / seconds,
             examples_per_sec=minibatches * self.args.batch_size / seconds, **extra)
         self.writer.close()
         print_summary(self.role, summary, self.history, self.args.metrics_file)
         return 0
-# <<< shared: tf2 log
+# <<< shared: tf2 run
 
 
 if __name__ == "__main__":

@@ -15,7 +15,8 @@ Run it
     python train.py --data_path mnist.npz  # MNIST (or your own images) instead of the digits
 
 Use your own model
-    Edit the two sections marked "(replace with your own)": Data and Model.
+    Replace the two sections marked "(replace with your own)": Data (load_dataset) and Model
+    (model_params, model_loss, model_metrics).
 
 References
     Y. LeCun, L. Bottou, Y. Bengio, P. Haffner, "Gradient-based learning applied to document
@@ -41,33 +42,23 @@ def example_flags(parser):
 
 # --- Data (replace with your own) -----------------------------------------------------------------
 # >>> shared: data
-Dataset = collections.namedtuple("Dataset", "x_train y_train x_test y_test pixel_max")
+Dataset = collections.namedtuple("Dataset", "x_train y_train x_test y_test")
 
 
 def load_dataset(data_path=""):
-    """Flat integer pixels and integer labels, to train and to test: by default scikit-learn's
-    1797 handwritten 8x8 digits (offline; a fixed fifth to test), or the arrays of mnist.npz."""
+    """The arrays to train and test on, as the model takes them: by default scikit-learn's 1797
+    handwritten 8x8 digits (offline; a fixed fifth to test), rows of 64 pixels scaled from 0-16
+    to [0, 1], labels 0-9; or the arrays of the .npz file at data_path (read_npz, below the
+    banner, checks them and scales integer pixels)."""
     if data_path:
-        try:
-            with np.load(data_path) as f:
-                x_train, y_train, x_test, y_test = (f[k] for k in ("x_train", "y_train",
-                                                                   "x_test", "y_test"))
-        except (OSError, KeyError, ValueError) as e:  # missing, unreadable, or a key missing
-            fail("cannot load %s (%s): give an .npz with x_train, y_train, x_test and y_test"
-                 % (data_path, str(e).splitlines()[0]))
-    else:
-        from sklearn.datasets import load_digits
-        from sklearn.model_selection import train_test_split
-        x, y = load_digits(return_X_y=True)
-        x_train, x_test, y_train, y_test = train_test_split(x, y, test_size=0.2, random_state=0,
-                                                            stratify=y)
-    flat = lambda x: x.reshape(len(x), -1).astype(np.uint8)
-    return Dataset(flat(x_train), y_train.astype(np.int64), flat(x_test), y_test.astype(np.int64),
-                   pixel_max=max(int(x_train.max()), 1))
-
-
-def scale(pixels, pixel_max):
-    return tf.cast(pixels, tf.float32) / float(pixel_max)
+        return Dataset(*read_npz(data_path, num_classes=10))
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+    x, y = load_digits(return_X_y=True)
+    x_train, x_test, y_train, y_test = train_test_split(x, y, test_size=0.2, random_state=0,
+                                                        stratify=y)
+    return Dataset((x_train / 16).astype(np.float32), y_train.astype(np.int64),
+                   (x_test / 16).astype(np.float32), y_test.astype(np.int64))
 
 
 def training_dataset(data, batch_size, worker_index, num_workers, seed):
@@ -76,9 +67,7 @@ def training_dataset(data, batch_size, worker_index, num_workers, seed):
     ds = tf.data.Dataset.from_tensor_slices((data.x_train, data.y_train))
     ds = ds.shard(num_workers, worker_index)
     ds = ds.shuffle(len(data.x_train) // num_workers + 1, seed=seed * 1000 + worker_index)
-    ds = ds.repeat().batch(batch_size, drop_remainder=True)
-    return ds.map(lambda x, y: (scale(x, data.pixel_max), y)).prefetch(2)
-
+    return ds.repeat().batch(batch_size, drop_remainder=True).prefetch(2)
 # <<< shared: data
 
 
@@ -92,22 +81,34 @@ def training_batches(data, batch_size, worker_index, num_workers, seed):
 
 # --- Model (replace with your own) ----------------------------------------------------------------
 # >>> shared: model
-def model_params(num_features, hidden, seed, num_classes=10):
-    """The MLP's variables, created under the current device scope (the ps, in the examples)."""
+def model_params(input_shape, hidden, seed, num_classes=10):
+    """The MLP's variables, made under the current device scope (the ps, in the examples), for
+    examples of input_shape (a row of features, or an image that the MLP reads as one row)."""
     glorot = lambda i: tf.compat.v1.glorot_uniform_initializer(seed=seed * 10 + i)
     zeros = tf.compat.v1.zeros_initializer()
-    return {"w1": tf.compat.v1.get_variable("w1", [num_features, hidden], initializer=glorot(1)),
+    features = int(np.prod(input_shape))
+    return {"w1": tf.compat.v1.get_variable("w1", [features, hidden], initializer=glorot(1)),
             "b1": tf.compat.v1.get_variable("b1", [hidden], initializer=zeros),
             "w2": tf.compat.v1.get_variable("w2", [hidden, num_classes], initializer=glorot(2)),
             "b2": tf.compat.v1.get_variable("b2", [num_classes], initializer=zeros)}
 
 
-def model_loss_and_accuracy(params, x, y):
-    hidden = tf.nn.relu(tf.matmul(x, params["w1"]) + params["b1"])
-    logits = tf.matmul(hidden, params["w2"]) + params["b2"]
-    loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
-    accuracy = tf.reduce_mean(tf.cast(tf.equal(tf.argmax(logits, 1), y), tf.float32))
-    return loss, accuracy
+def model_logits(params, x):
+    rows = tf.reshape(x, [-1, int(np.prod(x.shape[1:]))])  # an image becomes one row
+    hidden = tf.nn.relu(tf.matmul(rows, params["w1"]) + params["b1"])
+    return tf.matmul(hidden, params["w2"]) + params["b2"]
+
+
+def model_loss(params, x, y):
+    """What training minimises: the mean cross-entropy over a mini-batch."""
+    return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+        labels=y, logits=model_logits(params, x)))
+
+
+def model_metrics(params, x, y):
+    """What the chief reports on the test set, by name: each a mean over a batch of examples."""
+    correct = tf.equal(tf.argmax(model_logits(params, x), 1), y)
+    return {"accuracy": tf.reduce_mean(tf.cast(correct, tf.float32))}
 # <<< shared: model
 
 
@@ -118,32 +119,29 @@ SGD = collections.namedtuple("SGD", "params global_step loss train_op")
 def build_sgd(args, x, y):
     """Plain SGD: the variables live in this process and every step updates them."""
     global_step = tf.compat.v1.train.get_or_create_global_step()
-    params = model_params(int(x.shape[1]), args.hidden, args.seed)
-    loss = model_loss_and_accuracy(params, x, y)[0]
+    params = model_params(x.shape[1:], args.hidden, args.seed)
+    loss = model_loss(params, x, y)
     train_op = tf.compat.v1.train.GradientDescentOptimizer(args.learning_rate).minimize(
         loss, global_step=global_step)
     return SGD(params, global_step, loss, train_op)
 
 
 # --- The training loop ----------------------------------------------------------------------------
-def train(args):
-    data = load_dataset(args.data_path)
+def train(args, data):
     sgd = build_sgd(args, *training_batches(data, args.batch_size, 0, 1, args.seed))
-    x_test = scale(data.x_test, data.pixel_max)
-    test_accuracy = model_loss_and_accuracy(sgd.params, x_test, data.y_test)[1]
-    loss_value = tf.compat.v1.placeholder(tf.float32, [])
-    summaries = tf.compat.v1.summary.merge([  # what TensorBoard shows
-        tf.compat.v1.summary.scalar("test_accuracy", test_accuracy),
-        tf.compat.v1.summary.scalar("loss", loss_value)])
-    saver = tf.compat.v1.train.Saver()
+    test_x = tf.compat.v1.placeholder(data.x_test.dtype, (None,) + data.x_test.shape[1:])
+    test_y = tf.compat.v1.placeholder(data.y_test.dtype, (None,) + data.y_test.shape[1:])
+    test_metrics = model_metrics(sgd.params, test_x, test_y)
+    saver = tf.compat.v1.train.Saver()  # every variable: the checkpoints
     writer = tf.compat.v1.summary.FileWriter(args.log_dir, tf.compat.v1.get_default_graph())
     history, started = [], time.time()
 
-    def evaluate(session, step, loss):  # the test accuracy, also to TensorBoard
-        accuracy, summary = session.run([test_accuracy, summaries], {loss_value: loss})
-        writer.add_summary(summary, step)
-        history.append([round(time.time() - started, 3), step, float(accuracy)])
-        return float(accuracy)
+    def report(session, step, loss):  # the test metrics, also to TensorBoard
+        metrics = test_metrics_in_batches(session, test_metrics, test_x, test_y,
+                                          (data.x_test, data.y_test))
+        writer.add_summary(tensorboard_summary(metrics, loss), step)
+        history.append([round(time.time() - started, 3), step] + list(metrics.values()))
+        return metrics
 
     print("[local] log_dir=%s" % args.log_dir, flush=True)
     with tf.compat.v1.Session() as session:
@@ -161,16 +159,19 @@ def train(args):
             _, loss = session.run([sgd.train_op, sgd.loss])
             if step % args.log_every == 0:
                 rate = (step - last_line_step) / (time.time() - last_line_time)
-                print("[local] local_step=%d global_step=%d loss=%.4f test_accuracy=%.4f "
-                      "steps_per_sec=%.1f" % (step, step, loss, evaluate(session, step, loss),
-                                              rate), flush=True)
+                line = "[local] local_step=%d global_step=%d loss=%.4f" % (step, step, loss)
+                for name, value in report(session, step, loss).items():
+                    line += " test_%s=%.4f" % (name, value)
+                print(line + " steps_per_sec=%.1f" % rate, flush=True)
                 last_line_step, last_line_time = step, time.time()
         last_step = max(args.steps, start_step)
         saver.save(session, os.path.join(args.log_dir, "model.ckpt"), global_step=last_step)
         updates = last_step - start_step
         rate = updates / (time.time() - started)
-        summary = dict(example=EXAMPLE, test_accuracy=evaluate(session, last_step, loss),
-                       global_step=last_step, workers=1, ps=0, lost_workers=0,
+        summary = dict(example=EXAMPLE)
+        for name, value in report(session, last_step, loss).items():
+            summary["test_" + name] = value
+        summary.update(global_step=last_step, workers=1, ps=0, lost_workers=0,
                        local_steps=[updates], updates=updates, steps_per_sec=rate,
                        examples_per_sec=rate * args.batch_size, log_dir=args.log_dir)
     writer.close()
@@ -181,19 +182,23 @@ def train(args):
 def main(argv=None):
     global tf  # loaded only now: bad input has failed in one line, without TensorFlow's start-up
     args = parse_flags(argv, example_flags, distributed=False)
+    data = load_dataset(args.data_path)  # a bad file fails here too, before TensorFlow loads
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before the import: no C++ info lines
     import tensorflow as tf
     tf.compat.v1.disable_eager_execution()
-    return train(args)
+    return train(args, data)
 
 
 # ==================================================================================================
-# Plumbing shared by every example (you need not read below)
+# Plumbing shared by every example (what a job needs besides its algorithm)
 # ==================================================================================================
 # What this one-process example shares with the others, in this order (a test keeps the copies
 # equal):
-#   1. flags                     parse_flags, fail, positive_seconds
+#   1. flags; --data_path's file, checked
+#                                parse_flags, fail, positive_seconds, read_npz
 #   2. the summary line          print_summary
+#   3. the test metrics over the test set, in batches; TensorBoard
+#                                test_metrics_in_batches, tensorboard_summary
 # >>> shared: flags
 def fail(message):
     """One line on stderr and exit status 2: for bad input and lost peers, never for bugs."""
@@ -219,11 +224,12 @@ def parse_flags(argv, example_flags, distributed=True):
         ("batch_size", int, 64, "examples per mini-batch"),
         ("learning_rate", float, 0.1, "the workers' learning rate"),
         ("hidden", int, 128, "width of the MLP's hidden layer"),
-        ("data_path", str, "", "your own images: an .npz like mnist.npz (default: digits)"),
+        ("data_path", str, "", "your own data: an .npz with x_train, y_train, x_test and y_test, "
+         "any numbers and shapes (default: the digits)"),
         ("log_dir", str, "", "checkpoints and summaries; one that has them resumes"),
         ("seed", int, 0, "seed of the initial weights and the shuffling"),
         ("metrics_file", str, "", "also write the summary here, as JSON"),
-        ("log_every", int, 100, "progress (the chief's: test accuracy) every N local steps"),
+        ("log_every", int, 100, "progress (the chief's: test metrics) every N local steps"),
     ]
     cluster = [
         ("job_name", str, "", "ps or worker (or set TF_CONFIG)"),
@@ -248,6 +254,48 @@ def parse_flags(argv, example_flags, distributed=True):
         run_name = time.strftime("%Y%m%d-%H%M%S-") + str(os.getpid())
         args.log_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "logs", run_name)
     return args
+
+
+NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
+
+
+def read_npz(path, num_classes=None):
+    """--data_path's x_train, y_train, x_test and y_test, checked before TensorFlow loads. Features
+    of any shape: floats are kept as they are (in float32), integers (pixels) are scaled to
+    [0, 1] by the largest in x_train, and images (N, H, W) gain a channel axis (N, H, W, 1), as a
+    convolution takes them. Labels: integer classes in [0, num_classes), or with num_classes
+    None any numbers (a regression's targets, in float32)."""
+    try:
+        with np.load(path) as f:
+            x_train, y_train, x_test, y_test = (f[k] for k in NPZ_KEYS)
+    except (OSError, KeyError, ValueError) as e:  # missing, unreadable, or a key missing
+        fail("cannot load %s (%s): give an .npz with x_train, y_train, x_test and y_test"
+             % (path, str(e).splitlines()[0]))
+    for name, array in zip(NPZ_KEYS, (x_train, y_train, x_test, y_test)):
+        if array.dtype.kind not in "biuf" or array.ndim == 0 or len(array) == 0:
+            fail("%s: %s must be a non-empty array of numbers, not %s %s"
+                 % (path, name, array.dtype, array.shape))
+        if not np.all(np.isfinite(array)):
+            fail("%s: %s has NaN or infinite values" % (path, name))
+    if len(x_train) != len(y_train) or len(x_test) != len(y_test):
+        fail("%s: x and y differ in length: %d and %d to train, %d and %d to test"
+             % (path, len(x_train), len(y_train), len(x_test), len(y_test)))
+    if x_train.shape[1:] != x_test.shape[1:]:
+        fail("%s: train and test examples differ in shape: %s and %s"
+             % (path, x_train.shape[1:], x_test.shape[1:]))
+    if num_classes is None:
+        y_train, y_test = y_train.astype(np.float32), y_test.astype(np.float32)
+    else:
+        for name, y in (("y_train", y_train), ("y_test", y_test)):
+            if y.ndim != 1 or np.any(y != np.round(y)) or y.min() < 0 or y.max() >= num_classes:
+                fail("%s: %s must hold integer labels in [0, %d)" % (path, name, num_classes))
+        y_train, y_test = y_train.astype(np.int64), y_test.astype(np.int64)
+    if x_train.dtype.kind != "f":  # integer pixels
+        pixel_max = max(float(x_train.max()), 1.0)
+        x_train, x_test = x_train / pixel_max, x_test / pixel_max
+    if x_train.ndim == 3:  # images without a channel axis
+        x_train, x_test = x_train[..., np.newaxis], x_test[..., np.newaxis]
+    return x_train.astype(np.float32), y_train, x_test.astype(np.float32), y_test
 # <<< shared: flags
 
 
@@ -267,6 +315,32 @@ def print_summary(role, summary, history, metrics_file):
         with open(metrics_file, "w") as f:
             json.dump(dict(summary, history=history), f, indent=1)
 # <<< shared: summary
+
+
+# >>> shared: test metrics
+def test_metrics_in_batches(session, metrics, x, y, test_set):
+    """Each of metrics (tensors, each a mean over a batch) averaged over the whole test set, fed
+    1000 examples at a time into the placeholders x and y: a large test set never becomes a
+    graph constant."""
+    x_test, y_test = test_set
+    totals = dict.fromkeys(metrics, 0.0)
+    for i in range(0, len(x_test), 1000):
+        feed = {x: x_test[i:i + 1000], y: y_test[i:i + 1000]}
+        for name, value in session.run(metrics, feed).items():
+            totals[name] += value * len(feed[x])
+    return {name: float(total / len(x_test)) for name, total in totals.items()}
+
+
+def tensorboard_summary(metrics, loss=None):
+    """The test metrics (test_NAME), and the training loss if given, as one TensorBoard
+    summary."""
+    summary = tf.compat.v1.Summary()
+    for name, value in metrics.items():
+        summary.value.add(tag="test_" + name, simple_value=value)
+    if loss is not None:
+        summary.value.add(tag="loss", simple_value=loss)
+    return summary
+# <<< shared: test metrics
 
 
 if __name__ == "__main__":

@@ -61,7 +61,7 @@ def example_flags(parser):
 
 # --- Data (replace with your own) -----------------------------------------------------------------
 # >>> shared: clicks
-Dataset = collections.namedtuple("Dataset", "x_train y_train x_test y_test pixel_max best_scores")
+Dataset = collections.namedtuple("Dataset", "x_train y_train x_test y_test best_scores")
 DATA_SEED = 2026  # the hidden model and the examples are the same in every run and on every task
 
 
@@ -87,11 +87,7 @@ def make_clicks(num_ids, train_examples=500000, test_examples=20000):
         return np.stack([u, users + i], axis=1), clicks, score.astype(np.float32)
     x_train, y_train, _ = draw(train_examples)
     x_test, y_test, best_scores = draw(test_examples)
-    return Dataset(x_train, y_train, x_test, y_test, None, best_scores)
-
-
-def scale(ids, pixel_max):  # the evaluation below the banner calls it: ids go in unchanged
-    return tf.constant(ids)
+    return Dataset(x_train, y_train, x_test, y_test, best_scores)
 
 
 def training_dataset(data, batch_size, worker_index, num_workers, seed):
@@ -118,17 +114,26 @@ def rows_of(ids, rows):
     return ids * 2654435761 % rows
 
 
-def model_loss_and_accuracy(params, ids, clicks):
-    """The clicks' mean log loss, the fraction of pairs on the right side of 0, the logits.
-    TensorFlow 2's lookup on a ShardedVariable is "div": slice p holds a range of rows."""
+def model_logits(params, ids):
+    """The score of each (user, item) pair: the dot product of their embeddings plus their
+    linear weights and the bias. TensorFlow 2's lookup on a ShardedVariable is "div": slice p
+    holds a range of rows."""
     r = rows_of(ids, int(params["linear"].shape[0]))
     v = tf.nn.embedding_lookup(params["embeddings"], r)
     w = tf.nn.embedding_lookup(params["linear"], r)
-    logits = tf.reduce_sum(v[:, 0] * v[:, 1], axis=1) + w[:, 0] + w[:, 1] + params["bias"]
-    loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=clicks, logits=logits))
-    accuracy = tf.reduce_mean(tf.cast(tf.equal(tf.cast(logits > 0, tf.float32), clicks),
-                                      tf.float32))
-    return loss, accuracy, logits
+    return tf.reduce_sum(v[:, 0] * v[:, 1], axis=1) + w[:, 0] + w[:, 1] + params["bias"]
+
+
+def model_loss(params, ids, clicks):
+    """The clicks' mean log loss."""
+    return tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(
+        labels=clicks, logits=model_logits(params, ids)))
+
+
+def model_metrics(params, ids, clicks):
+    """The fraction of pairs on the right side of 0 (the AUC, over all pairs, comes at the end)."""
+    right = tf.equal(tf.cast(model_logits(params, ids) > 0, tf.float32), clicks)
+    return {"accuracy": tf.reduce_mean(tf.cast(right, tf.float32))}
 
 
 # --- The algorithm --------------------------------------------------------------------------------
@@ -159,7 +164,7 @@ def build_sparse_pss(args, cluster, data):
     def train_steps(iterator):  # K steps on one worker, scheduled by the coordinator
         def gradients(ids, clicks):  # on each replica of the worker: each of its GPUs, or its CPU
             with tf.GradientTape() as tape:
-                loss = model_loss_and_accuracy(params, ids, clicks)[0]
+                loss = model_loss(params, ids, clicks)
             return loss, tape.gradient(loss, slices)  # a table's slices: tf.IndexedSlices
         loss = tf.constant(0.0)
         for _ in tf.range(args.steps_per_call):
@@ -193,13 +198,13 @@ def rows_only(table_slice, gradient, rate):
 
 
 # --- The training loop ----------------------------------------------------------------------------
-def train(args, cluster):
+def train(args, cluster, data):
     """Schedule until --steps mini-batches, evaluating on the way; then the AUC and the summary."""
-    data = make_clicks(args.rows)
     pss = build_sparse_pss(args, cluster, data)
-    log, local_steps = schedule_until_done(args, cluster, pss, data)
-    test_logits = model_loss_and_accuracy(pss.params, data.x_test, data.y_test)[2]
-    return log.end(int(pss.global_step.numpy()), local_steps,
+    run, local_steps = schedule_until_done(args, cluster, pss, (data.x_test, data.y_test),
+                                           lambda x, y: model_metrics(pss.params, x, y))
+    test_logits = model_logits(pss.params, data.x_test)
+    return run.end(int(pss.global_step.numpy()), local_steps,
                    lost_workers=sum(not is_listening(a) for a in cluster["worker"]),
                    steps_per_call=args.steps_per_call,
                    test_auc=float(auc(test_logits, data.y_test)),
@@ -221,24 +226,24 @@ def auc(scores, clicks):
 
 
 # >>> shared: coordinator
-def schedule_until_done(args, cluster, pss, data):
+def schedule_until_done(args, cluster, pss, test_set, test_metrics):
     """The coordinator's loop: schedule calls of pss.train_steps until --steps mini-batches,
-    a progress line (with the test accuracy) on the way; returns the log and each worker's
+    a progress line (with the test metrics) on the way; returns the run and each worker's
     count of mini-batches, once every scheduled call has run."""
     for name, p in pss.params.items():  # where the variables live (in slices, if partitioned)
         print("[chief0] %s %s on %s" % (name, p.shape.as_list(), ", ".join(
             v.device.split("/device")[0] for v in getattr(p, "variables", [p]))), flush=True)
-    log = Tf2Log(args, cluster, pss.params, data, tf.train.Checkpoint(
+    run = TrainingRun(args, cluster, test_metrics, test_set, tf.train.Checkpoint(
         global_step=pss.global_step, steps_per_worker=pss.steps_per_worker, **pss.params))
-    calls = math.ceil((args.steps - log.start_step) / args.steps_per_call)  # none if resumed
+    calls = math.ceil((args.steps - run.start_step) / args.steps_per_call)  # none if resumed
     every = max(1, args.log_every // args.steps_per_call)  # calls between progress lines
     threading.Thread(target=end_when_no_worker_answers, args=(args, cluster), daemon=True).start()
     for call in range(1, max(calls, 0) + 1):
         loss = pss.coordinator.schedule(pss.train_steps, args=(pss.iterator,))
         if call % every == 0:  # wait for this call only: the others keep running
-            log.progress(float(loss.fetch()), int(pss.global_step.numpy()))
+            run.progress(float(loss.fetch()), int(pss.global_step.numpy()))
     pss.coordinator.join()  # every scheduled call has run (again elsewhere, if a worker died)
-    return log, [int(s) for s in pss.steps_per_worker.numpy()]
+    return run, [int(s) for s in pss.steps_per_worker.numpy()]
 
 
 def end_when_no_worker_answers(args, cluster):
@@ -258,15 +263,14 @@ def end_when_no_worker_answers(args, cluster):
         time.sleep(1)  # the pace of the checks
 
 
-def run_pss_task(args, train):
+def run_pss_task(args, cluster, train, data):
     """This task of a ParameterServerStrategy cluster: the chief coordinates (train), a ps or a
     worker only serves until the coordinator is gone."""
-    cluster = tf2_cluster(args, JOBS)
     os.environ["GRPC_FAIL_FAST"] = "use_caller"  # a lost worker fails fast; its work moves on
     start_tensorflow(args, cluster)
     if args.job_name != "chief":
         return serve_until_gone(args, cluster, cluster["chief"][0])
-    return run_and_exit(train, args, cluster)
+    return run_and_exit(train, args, cluster, data)
 # <<< shared: coordinator
 
 
@@ -274,16 +278,19 @@ def main(argv=None):
     args = parse_flags(argv, example_flags)  # bad input fails here, before TensorFlow loads
     if args.data_path:
         fail("--data_path: this example makes its own clicks; replace make_clicks with yours")
-    return run_pss_task(args, train)
+    cluster = tf2_cluster(args, JOBS)
+    data = make_clicks(args.rows) if args.job_name == "chief" else None  # it sends it
+    return run_pss_task(args, cluster, train, data)
 
 
 # ==================================================================================================
-# Plumbing shared by every example (you need not read below)
+# Plumbing shared by every example (what a job needs besides its algorithm)
 # ==================================================================================================
 # What a task of a TensorFlow 2 cluster needs besides its algorithm, in this order; the same text
 # in every TensorFlow 2 train.py (a test keeps the copies equal):
-#   1. flags, and the cluster from them or from TF_CONFIG          parse_flags, tf2_cluster,
-#                                                                  check_cluster, positive_seconds
+#   1. flags, and the cluster from them or from TF_CONFIG;         parse_flags, tf2_cluster,
+#      --data_path's file, checked                                check_cluster, positive_seconds,
+#                                                                  read_npz
 #   2. TensorFlow loads after the checks; a failure ends the task
 #      in one line                                                start_tensorflow, run_and_exit,
 #                                                                  fail, cause
@@ -291,7 +298,7 @@ def main(argv=None):
 #      the task it serves is gone                                 serve_until_gone, wait_for,
 #                                                                  is_listening
 #   4. checkpoints and resume; progress lines with the test
-#      accuracy; TensorBoard summaries                            Tf2Log, progress
+#      metrics; TensorBoard summaries                             TrainingRun, progress
 #   5. the summary line                                           end, print_summary
 # >>> shared: flags
 def fail(message):
@@ -318,11 +325,12 @@ def parse_flags(argv, example_flags, distributed=True):
         ("batch_size", int, 64, "examples per mini-batch"),
         ("learning_rate", float, 0.1, "the workers' learning rate"),
         ("hidden", int, 128, "width of the MLP's hidden layer"),
-        ("data_path", str, "", "your own images: an .npz like mnist.npz (default: digits)"),
+        ("data_path", str, "", "your own data: an .npz with x_train, y_train, x_test and y_test, "
+         "any numbers and shapes (default: the digits)"),
         ("log_dir", str, "", "checkpoints and summaries; one that has them resumes"),
         ("seed", int, 0, "seed of the initial weights and the shuffling"),
         ("metrics_file", str, "", "also write the summary here, as JSON"),
-        ("log_every", int, 100, "progress (the chief's: test accuracy) every N local steps"),
+        ("log_every", int, 100, "progress (the chief's: test metrics) every N local steps"),
     ]
     cluster = [
         ("job_name", str, "", "ps or worker (or set TF_CONFIG)"),
@@ -347,6 +355,48 @@ def parse_flags(argv, example_flags, distributed=True):
         run_name = time.strftime("%Y%m%d-%H%M%S-") + str(os.getpid())
         args.log_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "logs", run_name)
     return args
+
+
+NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
+
+
+def read_npz(path, num_classes=None):
+    """--data_path's x_train, y_train, x_test and y_test, checked before TensorFlow loads. Features
+    of any shape: floats are kept as they are (in float32), integers (pixels) are scaled to
+    [0, 1] by the largest in x_train, and images (N, H, W) gain a channel axis (N, H, W, 1), as a
+    convolution takes them. Labels: integer classes in [0, num_classes), or with num_classes
+    None any numbers (a regression's targets, in float32)."""
+    try:
+        with np.load(path) as f:
+            x_train, y_train, x_test, y_test = (f[k] for k in NPZ_KEYS)
+    except (OSError, KeyError, ValueError) as e:  # missing, unreadable, or a key missing
+        fail("cannot load %s (%s): give an .npz with x_train, y_train, x_test and y_test"
+             % (path, str(e).splitlines()[0]))
+    for name, array in zip(NPZ_KEYS, (x_train, y_train, x_test, y_test)):
+        if array.dtype.kind not in "biuf" or array.ndim == 0 or len(array) == 0:
+            fail("%s: %s must be a non-empty array of numbers, not %s %s"
+                 % (path, name, array.dtype, array.shape))
+        if not np.all(np.isfinite(array)):
+            fail("%s: %s has NaN or infinite values" % (path, name))
+    if len(x_train) != len(y_train) or len(x_test) != len(y_test):
+        fail("%s: x and y differ in length: %d and %d to train, %d and %d to test"
+             % (path, len(x_train), len(y_train), len(x_test), len(y_test)))
+    if x_train.shape[1:] != x_test.shape[1:]:
+        fail("%s: train and test examples differ in shape: %s and %s"
+             % (path, x_train.shape[1:], x_test.shape[1:]))
+    if num_classes is None:
+        y_train, y_test = y_train.astype(np.float32), y_test.astype(np.float32)
+    else:
+        for name, y in (("y_train", y_train), ("y_test", y_test)):
+            if y.ndim != 1 or np.any(y != np.round(y)) or y.min() < 0 or y.max() >= num_classes:
+                fail("%s: %s must hold integer labels in [0, %d)" % (path, name, num_classes))
+        y_train, y_test = y_train.astype(np.int64), y_test.astype(np.int64)
+    if x_train.dtype.kind != "f":  # integer pixels
+        pixel_max = max(float(x_train.max()), 1.0)
+        x_train, x_test = x_train / pixel_max, x_test / pixel_max
+    if x_train.ndim == 3:  # images without a channel axis
+        x_train, x_test = x_train[..., np.newaxis], x_test[..., np.newaxis]
+    return x_train.astype(np.float32), y_train, x_test.astype(np.float32), y_test
 # <<< shared: flags
 
 
@@ -486,11 +536,11 @@ def serve_until_gone(args, cluster, watched):
     os._exit(0)  # the server's threads would keep an ordinary exit waiting forever
 
 
-def run_and_exit(train, args, cluster):
-    """Run train; a lost peer ends the task in one line. Then exit at once: the strategy's
-    threads would keep an ordinary exit waiting for servers that are gone."""
+def run_and_exit(train, args, cluster, data):
+    """Run train(args, cluster, data); a lost peer ends the task in one line. Then exit at once:
+    the strategy's threads would keep an ordinary exit waiting for servers that are gone."""
     try:
-        code = train(args, cluster)
+        code = train(args, cluster, data)
     except tf.errors.OpError as e:
         lost = isinstance(e, (tf.errors.UnavailableError, tf.errors.DeadlineExceededError))
         why = "a peer is gone or did not answer in time" if lost else cause(e)
@@ -503,15 +553,18 @@ def run_and_exit(train, args, cluster):
 # <<< shared: tf2 cluster
 
 
-# >>> shared: tf2 log
-class Tf2Log(object):
-    """The chief's bookkeeping: resume from and write checkpoints, progress lines with the test
-    accuracy, TensorBoard summaries, and the summary at the end (the same as every example's)."""
+# >>> shared: tf2 run
+class TrainingRun(object):
+    """The run as this task keeps it: checkpoints (the latest in --log_dir restored at the start,
+    one saved with every progress line and at the end), progress lines, and the chief's test
+    metrics, TensorBoard summaries and summary line. train() hands it test_metrics(x, y), a dict
+    of metrics for a batch of test examples (each a mean over the batch), and test_set,
+    (x_test, y_test), fed to it in batches."""
 
-    def __init__(self, args, cluster, params, data, checkpoint, is_chief=True):
-        self.args, self.cluster, self.params, self.is_chief = args, cluster, params, is_chief
+    def __init__(self, args, cluster, test_metrics, test_set, checkpoint, is_chief=True):
+        self.args, self.cluster, self.is_chief = args, cluster, is_chief
+        self.test_metrics, self.test_set = test_metrics, test_set
         self.role = "%s%d" % (args.job_name, args.task_index)
-        self.x_test, self.y_test = scale(data.x_test, data.pixel_max), data.y_test
         # every task restores from the chief's checkpoints; only the chief's saves are kept
         # (with MultiWorkerMirroredStrategy every task must save: the others save to scratch)
         self.scratch = None if is_chief else tempfile.mkdtemp(prefix="checkpoint-scratch-")
@@ -530,21 +583,31 @@ class Tf2Log(object):
         print("[%s] training started: log_dir=%s" % (self.role, args.log_dir), flush=True)
 
     def evaluate(self, global_step, loss=None):
-        """The chief's test accuracy, also to TensorBoard with the loss."""
-        accuracy = float(model_loss_and_accuracy(self.params, self.x_test, self.y_test)[1])
-        self.history.append([round(time.time() - self.started, 3), global_step, accuracy])
+        """The test metrics, each a mean over the test set, 1000 examples at a time; also to
+        TensorBoard, with the loss if given."""
+        x_test, y_test = self.test_set
+        totals = {}
+        for i in range(0, len(x_test), 1000):
+            x, y = x_test[i:i + 1000], y_test[i:i + 1000]
+            for name, value in self.test_metrics(x, y).items():
+                totals[name] = totals.get(name, 0.0) + float(value) * len(x)
+        metrics = {name: total / len(x_test) for name, total in totals.items()}
+        seconds = round(time.time() - self.started, 3)
+        self.history.append([seconds, global_step] + list(metrics.values()))
         with self.writer.as_default():
-            tf.summary.scalar("test_accuracy", accuracy, step=global_step)
+            for name, value in metrics.items():
+                tf.summary.scalar("test_" + name, value, step=global_step)
             if loss is not None:
                 tf.summary.scalar("loss", loss, step=global_step)
-        return accuracy
+        return metrics
 
     def progress(self, loss, global_step):
-        """A progress line, a checkpoint; the chief adds the test accuracy and summaries."""
+        """A progress line, a checkpoint; the chief adds the test metrics and summaries."""
         rate = (global_step - self.progress_step) / (time.time() - self.progress_time)
         line = "[%s] global_step=%d loss=%.4f" % (self.role, global_step, loss)
         if self.is_chief:
-            line += " test_accuracy=%.4f" % self.evaluate(global_step, loss)
+            for name, value in self.evaluate(global_step, loss).items():
+                line += " test_%s=%.4f" % (name, value)
         print(line + " steps_per_sec=%.1f" % rate, flush=True)
         self.manager.save(checkpoint_number=global_step)
         self.progress_step, self.progress_time = global_step, time.time()
@@ -557,16 +620,19 @@ class Tf2Log(object):
             return 0
         seconds = time.time() - self.started
         minibatches = (global_step - self.start_step) * minibatches_per_update
-        summary = dict(
-            example=EXAMPLE, test_accuracy=self.evaluate(global_step), global_step=global_step,
-            workers=len(self.cluster["worker"]), ps=len(self.cluster.get("ps", [])),
-            lost_workers=lost_workers, local_steps=local_steps,
-            updates=global_step - self.start_step, steps_per_sec=minibatches / seconds,
+        summary = dict(example=EXAMPLE)
+        for name, value in self.evaluate(global_step).items():
+            summary["test_" + name] = value
+        summary.update(
+            global_step=global_step, workers=len(self.cluster["worker"]),
+            ps=len(self.cluster.get("ps", [])), lost_workers=lost_workers,
+            local_steps=local_steps, updates=global_step - self.start_step,
+            steps_per_sec=minibatches / seconds,
             examples_per_sec=minibatches * self.args.batch_size / seconds, **extra)
         self.writer.close()
         print_summary(self.role, summary, self.history, self.args.metrics_file)
         return 0
-# <<< shared: tf2 log
+# <<< shared: tf2 run
 
 
 if __name__ == "__main__":

@@ -430,7 +430,7 @@ def sgd_step_reference(module, start, learning_rate, seed=0):
     import tensorflow as tf
     with tf.Graph().as_default():
         params = {name: tf.compat.v1.Variable(value) for name, value in start.items()}
-        loss = module.model_loss_and_accuracy(params, *fixed_batch(seed=seed))[0]
+        loss = module.model_loss(params, *fixed_batch(seed=seed))
         step = tf.compat.v1.train.GradientDescentOptimizer(learning_rate).minimize(loss)
         with tf.compat.v1.Session() as session:
             session.run(tf.compat.v1.global_variables_initializer())
@@ -443,7 +443,7 @@ def gradient_reference(module, params, seed=0):
     import tensorflow as tf
     with tf.Graph().as_default():
         constants = {name: tf.constant(value) for name, value in params.items()}
-        loss = module.model_loss_and_accuracy(constants, *fixed_batch(seed=seed))[0]
+        loss = module.model_loss(constants, *fixed_batch(seed=seed))
         gradients = tf.gradients(loss, list(constants.values()))
         with tf.compat.v1.Session() as session:
             return dict(zip(constants, session.run(gradients)))
@@ -459,8 +459,7 @@ def assert_the_chief_evaluated_what_it_checkpointed(run, example):
     data = module.load_dataset("")
     with tf.Graph().as_default():
         params = {name: tf.constant(reader.get_tensor(name)) for name in ("w1", "b1", "w2", "b2")}
-        accuracy = module.model_loss_and_accuracy(params, module.scale(
-            data.x_test, data.pixel_max), data.y_test)[1]
+        accuracy = module.model_metrics(params, data.x_test, data.y_test)["accuracy"]
         with tf.compat.v1.Session() as session:
             checkpointed = float(session.run(accuracy))
     assert float(run.summary()["test_accuracy"]) == pytest.approx(checkpointed, abs=1e-5), (
@@ -499,8 +498,7 @@ def assert_one_sgd_step_of(step, example, learning_rate):
     names = [k[len("before_"):] for k in step if k.startswith("before_")]
     with tf.Graph().as_default():
         params = {n: tf.constant(step["before_" + n]) for n in names}
-        loss = module.model_loss_and_accuracy(params, module.scale(
-            step["x"], int(step["pixel_max"])), tf.constant(step["y"]))[0]
+        loss = module.model_loss(params, step["x"], tf.constant(step["y"]))
         with tf.compat.v1.Session() as session:
             gradients = dict(zip(names, session.run(tf.gradients(loss, list(params.values())))))
     for n in names:

@@ -21,6 +21,7 @@ END_TO_END = ("reaches or pushes_once or exchanges_once or killed or about_one_p
               "counts_the_pushes_of_others_between_a_pull or final_global_step or "
               "staleness_is_zero or chief_evaluates or centre_not_its_own_copy")
 OP_BY_OP = "not (%s)" % END_TO_END
+GC_OP_BY_OP = "not (default_run or without_a_worker)"  # Gradient-Compression's run.sh tests
 
 Mutation = collections.namedtuple("Mutation", "name path old new tests select")
 
@@ -129,18 +130,15 @@ MUTATIONS = [
              "Hogwild/train.py", "with tf.control_dependencies([pulled_at]):",
              "with tf.control_dependencies([]):", "tests/test_hogwild.py", "reads_the_clock"),
     Mutation("AEASGD: the chief evaluates its local copy, not the centre", "AEASGD/train.py",
-             "TrainingLog(args, cluster, aeasgd.centre,", "TrainingLog(args, cluster, "
-             "aeasgd.local_params,", "tests/test_aeasgd.py", "centre_not_its_own_copy"),
+             "model_metrics(aeasgd.centre, x, y)", "model_metrics(aeasgd.local_params, x, y)", "tests/test_aeasgd.py", "centre_not_its_own_copy"),
     Mutation("EAMSGD: the chief evaluates its local copy, not the centre", "EAMSGD/train.py",
-             "TrainingLog(args, cluster, eamsgd.centre,", "TrainingLog(args, cluster, "
-             "eamsgd.local_params,", "tests/test_eamsgd.py", "centre_not_its_own_copy"),
+             "model_metrics(eamsgd.centre, x, y)", "model_metrics(eamsgd.local_params, x, y)", "tests/test_eamsgd.py", "centre_not_its_own_copy"),
     Mutation("EASGD: the chief evaluates its local copy, not the centre", "EASGD/train.py",
-             "TrainingLog(args, cluster, easgd.centre,", "TrainingLog(args, cluster, "
-             "easgd.local_params,", "tests/test_easgd.py", "centre_not_its_own_copy"),
+             "model_metrics(easgd.centre, x, y)", "model_metrics(easgd.local_params, x, y)", "tests/test_easgd.py", "centre_not_its_own_copy"),
     Mutation("In-Graph-Replication: every tower fed the whole mini-batch",
              "In-Graph-Replication/train.py",
-             "loss = model_loss_and_accuracy(params, x_slices[i], y_slices[i])[0]",
-             "loss = model_loss_and_accuracy(params, x, y)[0]",
+             "loss = model_loss(params, x_slices[i], y_slices[i])",
+             "loss = model_loss(params, x, y)",
              "tests/test_in_graph_replication.py", "slice or whole_batch"),
     Mutation("In-Graph-Replication: the towers' gradients summed, not averaged",
              "In-Graph-Replication/train.py", "[tf.add_n(list(g)) / len(devices) for g",
@@ -165,6 +163,24 @@ MUTATIONS = [
              "Model-Parallel-Pipeline/train.py", "[last_output[stage]] if m else []",
              "[last_output[-1]] if m else []", "tests/test_model_parallel_pipeline.py",
              "waits_for or works_on_a_micro_batch"),
+    Mutation("Gradient-Compression: error feedback off where it is claimed on (no residual kept)",
+             "Gradient-Compression/train.py",
+             "if error_feedback:  # keep what the message missed",
+             "if False:  # keep what the message missed", "tests/test_gradient_compression.py",
+             GC_OP_BY_OP),
+    Mutation("Gradient-Compression: the residual's sign flipped", "Gradient-Compression/train.py",
+             "residuals[n].assign(p[n] - sent[n], read_value=False)",
+             "residuals[n].assign(sent[n] - p[n], read_value=False)",
+             "tests/test_gradient_compression.py", GC_OP_BY_OP),
+    Mutation("Gradient-Compression: QSGD's scale (the norm) dropped", "Gradient-Compression/train.py",
+             "return norm * tf.cast(levels, tf.float32) / self.args.levels",
+             "return tf.cast(levels, tf.float32) / self.args.levels",
+             "tests/test_gradient_compression.py", GC_OP_BY_OP),
+    Mutation("Gradient-Compression: the step counted before the ps applies it",
+             "Gradient-Compression/train.py",
+             "with tf.control_dependencies(applied):  # not before",
+             "with tf.control_dependencies([]):  # not before",
+             "tests/test_gradient_compression.py", GC_OP_BY_OP),
 ]
 
 

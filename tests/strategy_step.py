@@ -36,12 +36,12 @@ def load(example):
 
 
 def known_data(module, workers):
-    """Integer pixels 0..16 and labels, EXAMPLES_PER_WORKER for each worker: a batch a shard."""
+    """Pixels in [0, 1] and labels, EXAMPLES_PER_WORKER for each worker: a batch a shard."""
     rng = np.random.default_rng(7)
     n = EXAMPLES_PER_WORKER * workers
-    return module.Dataset(rng.integers(0, 17, (n, FEATURES)).astype(np.uint8),
+    return module.Dataset((rng.integers(0, 17, (n, FEATURES)) / 16).astype(np.float32),
                           rng.integers(0, 10, n).astype(np.int64),
-                          np.zeros((2, FEATURES), np.uint8), np.zeros(2, np.int64), 16)
+                          np.zeros((2, FEATURES), np.float32), np.zeros(2, np.int64))
 
 
 def values(params):
@@ -49,7 +49,7 @@ def values(params):
 
 
 def save(path, data, before, after):
-    np.savez(path, x=data.x_train, y=data.y_train, pixel_max=data.pixel_max,
+    np.savez(path, x=data.x_train, y=data.y_train,
              **{"before_" + n: v for n, v in before.items()},
              **{"after_" + n: v for n, v in after.items()})
 
@@ -109,7 +109,7 @@ def parameter_server_strategy_two_workers(out):
              for _ in range(16)]
     pss.coordinator.join()
     read = [call.fetch() for call in calls]
-    np.savez(out, x=data.x_train, pixel_max=data.pixel_max,
+    np.savez(out, x=data.x_train,
              worker=np.array([int(w) for w, _ in read]), batches=np.stack([b for _, b in read]))
 
 
@@ -134,12 +134,12 @@ def sparse_embeddings_tf2(out):
                               module.example_flags)
     data = module.make_clicks(args.rows, train_examples=1000, test_examples=10)
     if sys.argv[4:] == ["dense"]:  # a user's model that scales the whole table, then looks up
-        sparse_model = module.model_loss_and_accuracy
+        sparse_loss = module.model_loss
 
-        def model_loss_and_accuracy(params, ids, clicks):
+        def model_loss(params, ids, clicks):
             whole = tf.convert_to_tensor(params["embeddings"]) * 1.0
-            return sparse_model(dict(params, embeddings=whole), ids, clicks)
-        module.model_loss_and_accuracy = model_loss_and_accuracy
+            return sparse_loss(dict(params, embeddings=whole), ids, clicks)
+        module.model_loss = model_loss
     pss = module.build_sparse_pss(args, cluster, data)
     tables = lambda: {n: np.concatenate([v.numpy() for v in getattr(p, "variables", [p])])
                       for n, p in pss.params.items() if n != "bias"}

@@ -14,7 +14,7 @@ EVERY_TRAIN_PY = {"flags", "data", "model", "summary"}
 NEEDED_BLOCKS = {  # by family: the reference train.py of the jobs a train.py declares
     "Non-Distributed-Setup": EVERY_TRAIN_PY | {"graph batches"},
     "Distributed-Setup": EVERY_TRAIN_PY | {"graph batches", "tasks", "cluster and session"},
-    "ParameterServerStrategy": EVERY_TRAIN_PY | {"tasks", "tf2 cluster", "tf2 log"},
+    "ParameterServerStrategy": EVERY_TRAIN_PY | {"tasks", "tf2 cluster", "tf2 run"},
     # one client drives every task; a pipeline brings a model of its own (deeper than the MLP)
     "In-Graph-Replication": (EVERY_TRAIN_PY - {"model"}) | {"graph batches", "tasks",
                                                             "one client"},
@@ -22,7 +22,7 @@ NEEDED_BLOCKS = {  # by family: the reference train.py of the jobs a train.py de
 ALLOWED_IMPORTS = {"argparse", "collections", "json", "math", "os", "shutil", "socket", "sys",
                    "tempfile", "threading", "time",
                    "numpy", "tensorflow", "sklearn"}
-BANNER = "# Plumbing shared by every example (you need not read below)"
+BANNER = "# Plumbing shared by every example (what a job needs besides its algorithm)"
 SECTIONS = ["# --- Data (replace with your own) ", "# --- Model (replace with your own) ",
             "# --- The algorithm ", "# --- The training loop ", "\ndef main(", BANNER]
 MAX_CONCEPTS = 8  # the numbered list at the banner: what a reader copying a folder meets
@@ -47,8 +47,9 @@ def test_every_example_folder_has_train_py_run_sh_and_a_readme():
             assert os.path.isfile(os.path.join(example_dir(example), name)), (example, name)
 
 
-# what the shared data and model blocks define and the appendix and the graph batches call
-DATA_AND_MODEL_NAMES = {"Dataset", "scale", "training_dataset", "model_loss_and_accuracy"}
+# what the shared data and model blocks define, and what a train() built on them calls
+DATA_AND_MODEL_NAMES = {"Dataset", "training_dataset", "model_params", "model_loss",
+                        "model_metrics"}
 
 
 def test_each_train_py_carries_the_shared_blocks_its_jobs_need():
@@ -115,6 +116,23 @@ def test_the_banner_lists_at_most_eight_concepts_each_named_by_its_functions():
         header = text[:text.index("# >>> shared:")]
         for name in defined:  # every top-level function and class is named in the list
             assert re.search(r"\b%s\b" % name, header), (example, name)
+
+
+def test_nothing_below_the_banner_calls_the_data_the_model_or_the_algorithm():
+    """The plumbing is handed what train() built: a copy whose Data and Model sections were
+    replaced runs with the appendix unchanged only if no shared block below the banner names a
+    function or class of the story above it."""
+    for example in EXAMPLES:
+        text = read(example, "train.py")
+        banner = text.index(BANNER)
+        story = {node.name for node in ast.parse(text[:banner]).body
+                 if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+        assert {"train", "main", "load_dataset"} & story, example  # the story was read
+        for name, body in shared_blocks(text[banner:]).items():
+            nodes = list(ast.walk(ast.parse(body)))
+            used = {node.id for node in nodes if isinstance(node, ast.Name)}
+            handed = {node.arg for node in nodes if isinstance(node, ast.arg)}  # parameters
+            assert not (used - handed) & story, (example, name, (used - handed) & story)
 
 
 def test_the_algorithm_comes_first():

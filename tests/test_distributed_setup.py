@@ -413,8 +413,11 @@ def test_images_of_your_own_load_from_an_npz_shaped_like_mnist(tmp_path):
     path = tmp_path / "mnist.npz"
     write_tiny_mnist(path, train=50, test=20, seed=0)
     data = train.load_dataset(str(path))
-    assert data.x_train.shape == (50, 784) and data.x_test.shape == (20, 784)
-    assert data.pixel_max == 255 and data.y_train.dtype == np.int64
+    assert data.x_train.shape == (50, 28, 28, 1) and data.x_test.shape == (20, 28, 28, 1)
+    assert data.x_train.dtype == np.float32 and data.y_train.dtype == np.int64
+    with np.load(path) as f:  # integer pixels scaled by the largest: 255 here
+        np.testing.assert_allclose(data.x_train[..., 0], f["x_train"] / f["x_train"].max(),
+                                   rtol=1e-6)
 
 
 def test_an_npz_of_your_own_trains_end_to_end(run_example, tmp_path):
@@ -430,7 +433,8 @@ def batches_of(train, worker, num_workers, n):
     """The first n batches that one worker's pipeline yields, as sets of example ids."""
     import tensorflow as tf
     ids = np.arange(400)
-    data = train.Dataset(ids.reshape(-1, 1), ids, ids[:1].reshape(-1, 1), ids[:1], 1)
+    x = ids.reshape(-1, 1).astype(np.float32)  # the example's id as its one feature
+    data = train.Dataset(x, ids, x[:1], ids[:1])
     with tf.Graph().as_default():
         _, y = train.training_batches(data, 32, worker, num_workers, seed=0)
         with tf.compat.v1.Session() as s:

@@ -100,7 +100,8 @@ def test_downpour_local_adagrad_scales_each_step_by_the_squared_gradients_so_far
 def test_downpour_every_local_step_uses_a_new_batch():
     # Example ids as the only feature: the batch a local step trained on is visible in x.
     ids = np.arange(400)
-    data = downpour.Dataset(ids.reshape(-1, 1), ids % 10, ids[:1].reshape(-1, 1), ids[:1], 1)
+    x = ids.reshape(-1, 1).astype(np.float32)
+    data = downpour.Dataset(x, ids % 10, x[:1], ids[:1])
     cluster, (worker,) = in_process_cluster()
     args = flags(downpour, "--window", "4", "--batch_size", "32")
     with tf.Graph().as_default() as graph:
@@ -137,13 +138,13 @@ def test_downpour_workers_start_from_the_ps_values_through_the_session_barrier(t
             return met
         return wait_for(noted, *seconds, **options)
     monkeypatch.setattr(downpour, "wait_for", wait_for_noting_a_no)
-    digits = downpour.Dataset(None, None, np.zeros((2, 5), np.uint8), np.zeros(2, np.int64), 1)
 
     def session_of(worker, *argv):
         args = flags(downpour, "--task_index", str(worker), "--log_dir", str(tmp_path), *argv)
         with tf.Graph().as_default():
             ops = downpour.build_downpour(args, cluster, *fixed_batch())
-            session = downpour.TrainingLog(args, cluster, ops.global_params, digits).start(
+            test_set = (np.zeros((2, 5), np.float32), np.zeros(2, np.int64))
+            session = downpour.Worker(args, cluster, lambda x, y: {}, test_set).start(
                 workers[worker])
         return ops, session
     ready = {}

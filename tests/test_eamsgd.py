@@ -46,7 +46,7 @@ def test_with_alpha_zero_a_worker_follows_nesterov_momentum_exactly():
     by_eamsgd = values(s, ops.local_params)
     with tf.Graph().as_default():
         params = {n: tf.compat.v1.Variable(v) for n, v in start.items()}
-        loss = eamsgd.model_loss_and_accuracy(params, *fixed_batch())[0]
+        loss = eamsgd.model_loss(params, *fixed_batch())
         optimizer = tf.compat.v1.train.MomentumOptimizer(args.learning_rate, args.momentum,
                                                          use_nesterov=True)
         step = optimizer.minimize(loss, var_list=list(params.values()))

@@ -1,0 +1,288 @@
+"""A copied folder takes a user's own data and model: the Data and Model code replaced, nothing
+else touched, and the job trains. Also: an .npz given with --data_path loads as it is (floats stay
+floats, integer pixels are scaled, images keep their shape), and a malformed one is refused in
+one line before TensorFlow loads.
+
+The full matrix of substitutions and folders is marked `substitutions` (left out by default);
+the default run covers each substitution and each family of plumbing:
+
+    python -m pytest tests/test_own_data_and_model.py -m substitutions
+"""
+import os
+import re
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from conftest import (assert_nothing_left, error_lines, example_dir, finish, interruptible,
+                      run_train_noting_tensorflow)
+
+BANNER = "# Plumbing shared by every example"
+DATA_BLOCK = re.compile(r"^# >>> shared: data\n.*?^# <<< shared: data\n", re.S | re.M)
+MODEL_BLOCK = re.compile(r"^# >>> shared: model\n.*?^# <<< shared: model\n", re.S | re.M)
+
+# (a) float features with negative values: the digits standardised (mean 0, sd 1 per pixel)
+STANDARDISED_DATA = '''Dataset = collections.namedtuple("Dataset", "x_train y_train x_test y_test")
+
+
+def load_dataset(data_path=""):
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+    x, y = load_digits(return_X_y=True)
+    x_train, x_test, y_train, y_test = train_test_split(x, y, test_size=0.2, random_state=0,
+                                                        stratify=y)
+    mean, sd = x_train.mean(axis=0), x_train.std(axis=0) + 1e-6
+    x_train, x_test = (x_train - mean) / sd, (x_test - mean) / sd  # negatives, as they are
+    return Dataset(x_train.astype(np.float32), y_train.astype(np.int64),
+                   x_test.astype(np.float32), y_test.astype(np.int64))
+
+
+def training_dataset(data, batch_size, worker_index, num_workers, seed):
+    ds = tf.data.Dataset.from_tensor_slices((data.x_train, data.y_train))
+    ds = ds.shard(num_workers, worker_index).shuffle(2000, seed=seed * 1000 + worker_index)
+    return ds.repeat().batch(batch_size, drop_remainder=True)
+'''
+
+# (b) a regression: real-valued targets, a mean-squared-error loss, no accuracy
+REGRESSION_DATA = '''Dataset = collections.namedtuple("Dataset", "x_train y_train x_test y_test")
+
+
+def load_dataset(data_path=""):
+    from sklearn.datasets import make_regression
+    x, y = make_regression(n_samples=2400, n_features=10, n_informative=8, noise=10.0,
+                           random_state=0)
+    x, y = x.astype(np.float32), (y / y.std()).astype(np.float32)
+    return Dataset(x[:2000], y[:2000], x[2000:], y[2000:])
+
+
+def training_dataset(data, batch_size, worker_index, num_workers, seed):
+    ds = tf.data.Dataset.from_tensor_slices((data.x_train, data.y_train))
+    ds = ds.shard(num_workers, worker_index).shuffle(2000, seed=seed * 1000 + worker_index)
+    return ds.repeat().batch(batch_size, drop_remainder=True)
+'''
+
+def regression_model():
+    """The MLP's Model code with the edits README.md shows: one output, a mean-squared-error
+    loss, and the error's mean square and mean absolute value as the test metrics."""
+    with open(os.path.join(example_dir("Distributed-Setup"), "train.py")) as f:
+        model = MODEL_BLOCK.search(f.read()).group(0)
+    edits = [
+        ("def model_params(input_shape, hidden, seed, num_classes=10):",
+         "def model_params(input_shape, hidden, seed):"),
+        ('[hidden, num_classes], initializer=glorot(2))', '[hidden, 1], initializer=glorot(2))'),
+        ('[num_classes], initializer=zeros)}', '[1], initializer=zeros)}'),
+        ("""    return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+        labels=y, logits=model_logits(params, x)))""",
+         """    return tf.reduce_mean(tf.square(tf.reshape(model_logits(params, x), [-1]) - y))"""),
+        ("""    correct = tf.equal(tf.argmax(model_logits(params, x), 1), y)
+    return {"accuracy": tf.reduce_mean(tf.cast(correct, tf.float32))}""",
+         """    error = tf.reshape(model_logits(params, x), [-1]) - y
+    return {"mse": tf.reduce_mean(tf.square(error)), "mae": tf.reduce_mean(tf.abs(error))}"""),
+    ]
+    for old, new in edits:
+        assert model.count(old) == 1, old
+        model = model.replace(old, new)
+    return model
+
+
+# (c) images (N, H, W, C) and a small convolutional model
+IMAGE_DATA = '''Dataset = collections.namedtuple("Dataset", "x_train y_train x_test y_test")
+
+
+def load_dataset(data_path=""):
+    from sklearn.datasets import load_digits
+    digits = load_digits()
+    images = (digits.images / 16).astype(np.float32)[..., np.newaxis]  # (1797, 8, 8, 1)
+    labels = digits.target.astype(np.int64)
+    return Dataset(images[:1440], labels[:1440], images[1440:], labels[1440:])
+
+
+def training_dataset(data, batch_size, worker_index, num_workers, seed):
+    ds = tf.data.Dataset.from_tensor_slices((data.x_train, data.y_train))
+    ds = ds.shard(num_workers, worker_index).shuffle(2000, seed=seed * 1000 + worker_index)
+    return ds.repeat().batch(batch_size, drop_remainder=True)
+'''
+
+CONV_MODEL = '''def model_params(input_shape, hidden, seed, num_classes=10):
+    """A 3x3 convolution of 16 channels, a 2x2 max-pool, and a linear layer."""
+    glorot = lambda i: tf.compat.v1.glorot_uniform_initializer(seed=seed * 10 + i)
+    zeros = tf.compat.v1.zeros_initializer()
+    height, width, channels = [int(n) for n in input_shape]
+    pooled = (height // 2) * (width // 2) * 16
+    return {"kernel": tf.compat.v1.get_variable("kernel", [3, 3, channels, 16],
+                                                initializer=glorot(1)),
+            "bias": tf.compat.v1.get_variable("bias", [16], initializer=zeros),
+            "w": tf.compat.v1.get_variable("w", [pooled, num_classes], initializer=glorot(2)),
+            "b": tf.compat.v1.get_variable("b", [num_classes], initializer=zeros)}
+
+
+def logits(params, x):
+    features = tf.nn.relu(tf.nn.conv2d(x, params["kernel"], 1, "SAME") + params["bias"])
+    pooled = tf.nn.max_pool2d(features, 2, 2, "VALID")
+    rows = tf.reshape(pooled, [-1, int(np.prod(pooled.shape[1:]))])
+    return tf.matmul(rows, params["w"]) + params["b"]
+
+
+def model_loss(params, x, y):
+    return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+        labels=y, logits=logits(params, x)))
+
+
+def model_metrics(params, x, y):
+    correct = tf.equal(tf.argmax(logits(params, x), 1), y)
+    return {"accuracy": tf.reduce_mean(tf.cast(correct, tf.float32))}
+'''
+
+# what each substitution replaces, and what its run of 1200 mini-batches must reach: measured
+# over the 21 cases (python -m pytest -m substitutions tests/test_own_data_and_model.py -rP),
+# floats 0.967-0.972, regression test_mse 0.0047-0.0058, images 0.888-0.933
+SUBSTITUTIONS = {
+    "floats_with_negatives": dict(data=STANDARDISED_DATA, model=None,
+                                  bar=("test_accuracy", ">=", 0.93)),
+    "regression": dict(data=REGRESSION_DATA, model=regression_model(),
+                       bar=("test_mse", "<=", 0.02)),
+    "images_and_a_convolution": dict(data=IMAGE_DATA, model=CONV_MODEL,
+                                     bar=("test_accuracy", ">=", 0.85)),
+}
+FOLDERS = ["Distributed-Setup", "DOWNPOUR", "Sync-SGD", "EASGD", "DiLoCo",
+           "ParameterServerStrategy", "MultiWorkerMirroredStrategy"]
+DEFAULT_RUN = {  # each substitution and each family of appendix (classic, TensorFlow 2's two)
+    ("Distributed-Setup", "images_and_a_convolution"), ("DOWNPOUR", "regression"),
+    ("Sync-SGD", "floats_with_negatives"), ("ParameterServerStrategy", "regression"),
+    ("MultiWorkerMirroredStrategy", "images_and_a_convolution")}
+
+
+def copy_with_own_data_and_model(example, destination, substitution):
+    """Copy the folder, then replace its Data code and (if given) its Model code; returns the
+    original train.py's text and the copy's."""
+    shutil.copytree(example_dir(example), destination,
+                    ignore=shutil.ignore_patterns("logs", "__pycache__"))
+    with open(os.path.join(example_dir(example), "train.py")) as f:
+        original = f.read()
+    text, replaced = DATA_BLOCK.subn(lambda m: substitution["data"], original)
+    assert replaced == 1, example
+    if substitution["model"]:
+        text, replaced = MODEL_BLOCK.subn(lambda m: substitution["model"], text)
+        assert replaced == 1, example
+    with open(os.path.join(destination, "train.py"), "w") as f:
+        f.write(text)
+    return original, text
+
+
+def run_copy(folder, args, timeout=240):
+    proc = subprocess.Popen(["bash", "run.sh"] + list(args), cwd=folder, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            preexec_fn=interruptible)
+    return finish(proc, timeout)
+
+
+def cases():
+    for example in FOLDERS:
+        for name in SUBSTITUTIONS:
+            marks = [] if (example, name) in DEFAULT_RUN else [pytest.mark.substitutions]
+            yield pytest.param(example, name, marks=marks, id="%s-%s" % (example, name))
+
+
+@pytest.mark.parametrize("example, name", list(cases()))
+def test_a_copied_folder_trains_on_its_own_data_and_model_with_the_plumbing_unchanged(
+        example, name, tmp_path):
+    substitution = SUBSTITUTIONS[name]
+    folder = str(tmp_path / example)
+    original, copy = copy_with_own_data_and_model(example, folder, substitution)
+    # every line from the banner down is the original's, byte for byte
+    assert copy[copy.index(BANNER):] == original[original.index(BANNER):]
+    run = run_copy(folder, ["--steps", "1200", "--log_dir", str(tmp_path / "logs")])
+    assert_nothing_left(folder)
+    errors = [line for line in run.output.splitlines() if "error" in line.lower()]
+    assert run.code == 0, "\n".join(errors[:10]) + "\n...\n" + run.output[-2000:]
+    key, direction, bar = substitution["bar"]
+    reached = float(run.summary()[key])
+    print("%s %s: %s=%.4f" % (example, name, key, reached))  # the figures behind the bars
+    assert reached >= bar if direction == ">=" else reached <= bar, (key, reached, bar)
+    if name == "regression":  # no accuracy anywhere: the metrics are the model's own
+        assert "test_accuracy" not in run.output and "test_mae=" in run.output
+
+
+# --- --data_path --------------------------------------------------------------------------------
+def load(example, path):
+    from conftest import load_train_module
+    return load_train_module(example).load_dataset(str(path))
+
+
+def test_floats_stay_floats_with_their_values_and_negatives(tmp_path):
+    rng = np.random.default_rng(0)
+    arrays = dict(x_train=rng.normal(size=(40, 6)), y_train=rng.integers(0, 10, 40),
+                  x_test=rng.normal(size=(10, 6)), y_test=rng.integers(0, 10, 10))
+    np.savez(tmp_path / "floats.npz", **arrays)
+    data = load("Distributed-Setup", tmp_path / "floats.npz")
+    assert data.x_train.dtype == np.float32 and data.x_train.min() < 0
+    np.testing.assert_allclose(data.x_train, arrays["x_train"], rtol=1e-6)  # not scaled
+    np.testing.assert_array_equal(data.y_test, arrays["y_test"])
+
+
+def test_images_without_a_channel_axis_gain_one_and_keep_their_height_and_width(tmp_path):
+    rng = np.random.default_rng(1)
+    np.savez(tmp_path / "images.npz", x_train=rng.random((20, 5, 7)), y_train=np.arange(20) % 3,
+             x_test=rng.random((4, 5, 7)), y_test=np.arange(4) % 3)
+    data = load("Distributed-Setup", tmp_path / "images.npz")
+    assert data.x_train.shape == (20, 5, 7, 1) and data.x_test.shape == (4, 5, 7, 1)
+
+
+def malformed(name):
+    """A small valid set, then one thing wrong with it."""
+    rng = np.random.default_rng(2)
+    arrays = dict(x_train=rng.random((30, 4)), y_train=rng.integers(0, 10, 30),
+                  x_test=rng.random((8, 4)), y_test=rng.integers(0, 10, 8))
+    if name == "nan":
+        arrays["x_train"][3, 1] = np.nan
+    elif name == "infinite":
+        arrays["x_test"][0, 0] = np.inf
+    elif name == "lengths":
+        arrays["y_train"] = arrays["y_train"][:-1]
+    elif name == "fractional labels":
+        arrays["y_train"] = arrays["y_train"] + 0.5
+    elif name == "labels out of range":
+        arrays["y_test"][0] = 10
+    elif name == "negative labels":
+        arrays["y_train"][0] = -1
+    elif name == "shapes":
+        arrays["x_test"] = rng.random((8, 5))
+    elif name == "missing key":
+        del arrays["y_test"]
+    elif name == "not numbers":
+        arrays["x_train"] = np.array(["a"] * 30)
+    return arrays
+
+
+MALFORMED = {  # the problem, and what its one line says
+    "nan": "x_train has NaN or infinite values",
+    "infinite": "x_test has NaN or infinite values",
+    "lengths": "x and y differ in length: 30 and 29 to train",
+    "fractional labels": "y_train must hold integer labels in [0, 10)",
+    "labels out of range": "y_test must hold integer labels in [0, 10)",
+    "negative labels": "y_train must hold integer labels in [0, 10)",
+    "shapes": "train and test examples differ in shape: (4,) and (5,)",
+    "missing key": "give an .npz with x_train, y_train, x_test and y_test",
+    "not numbers": "x_train must be a non-empty array of numbers",
+}
+WAYS_TO_RUN = {  # a worker of a cluster, and the one-process baseline
+    "Distributed-Setup": ["--job_name", "worker", "--ps_hosts", "localhost:1",
+                          "--worker_hosts", "localhost:2"],
+    "Non-Distributed-Setup": [],
+}
+
+
+@pytest.mark.parametrize("example", sorted(WAYS_TO_RUN))
+@pytest.mark.parametrize("problem", sorted(MALFORMED))
+def test_a_malformed_data_file_is_refused_in_one_line_before_tensorflow_loads(
+        example, problem, tmp_path):
+    path = tmp_path / "bad.npz"
+    np.savez(path, **malformed(problem))
+    code, _, stderr, loaded = run_train_noting_tensorflow(
+        example, WAYS_TO_RUN[example] + ["--data_path", str(path), "--log_dir",
+                                         str(tmp_path / "logs")])
+    assert code == 2 and not loaded, (code, stderr)
+    assert error_lines(stderr) == stderr.splitlines() and len(error_lines(stderr)) == 1, stderr
+    assert str(path) in stderr and MALFORMED[problem] in stderr, stderr
