@@ -6,10 +6,9 @@ What it teaches
     (1M x 32 = 128 MB) is cut by a partitioner into one slice per ps (sharded_over_the_ps). A
     step looks up only its rows (embedding_lookup: each slice's gather runs on its ps); their
     gradient is row-sparse (tf.IndexedSlices: ids and one row each), applied on each ps to those
-    rows alone. --dense_gradients pushes a tensor of the whole table instead (what TensorFlow's
-    "Converting sparse IndexedSlices to a dense Tensor" warns of). Ids are hashed to rows, so
-    hot ones spread over every slice; the lookup is "div" (a slice holds a range of rows), so a
-    checkpoint restores into any number of ps.
+    rows alone (--dense_gradients pushes the whole table instead, for comparison). Ids are hashed
+    to rows, so hot ones spread over every slice; the lookup is "div" (a slice holds a range of
+    rows), so a checkpoint restores into any number of ps.
 
 The update rule (each step of worker k; asynchronous, as in ../Distributed-Setup)
     r      <- hash(ids of k's next mini-batch)       # rows of its (user, item) pairs
@@ -24,9 +23,8 @@ Run it
     By hand or with TF_CONFIG: as in ../Distributed-Setup.
 
 Use your own data and model
-    Edit the sections marked "(replace with your own)": make_clicks makes the data; the model is
-    a function of the rows looked up. Keep the partitioner, the lookup and an optimiser that
-    updates only the rows looked up (SGD, Adagrad, RMSProp; Adam's moments decay every row).
+    Replace the sections marked "(replace with your own)"; keep the partitioner, the lookup and an
+    optimiser that updates only the rows looked up (SGD, Adagrad; Adam's moments decay them all).
 
 References
     S. Rendle, "Factorization Machines", ICDM 2010 (the model).
@@ -107,10 +105,9 @@ def training_batches(data, batch_size, worker_index, num_workers, seed):
 
 # --- Model (replace with your own) ----------------------------------------------------------------
 def model_params(rows, dim, seed):
-    """A row per id in two tables, v (embeddings) and w (linear), which sharded_over_the_ps cuts
-    into a slice per ps (PartitionedVariables); and b (bias), left whole by a partitioner. Each
-    slice of v draws its own rows, seeded by its first row (with one seed, rows r, r + R/P, ...
-    of the P slices would start alike)."""
+    """A row per id in two tables, v (embeddings) and w (linear), that sharded_over_the_ps cuts
+    into a slice per ps, each slice of v seeded by its first row (one seed for all would start
+    rows r, r + R/P, ... of the P slices alike); and b (bias), left whole by a partitioner."""
     def normal(shape, dtype=tf.float32, partition_info=None):
         first_row = partition_info.single_offset(shape) if partition_info else 0
         return tf.random.stateless_normal(shape, seed=[seed, first_row], stddev=0.1, dtype=dtype)
@@ -127,16 +124,15 @@ def rows_of(ids, rows):
 
 
 def model_logits(params, ids):
-    """Each (user, item) pair's score: the dot product of their embeddings, their linear
-    weights and the bias. "div": slice p holds a range of rows, as a checkpoint restores them."""
+    """Each (user, item) pair's score: <v_user, v_item> + w_user + w_item + b ("div": slice p
+    holds a range of rows, as a checkpoint restores them)."""
     r = rows_of(ids, int(params["linear"].get_shape()[0]))
     v = tf.compat.v1.nn.embedding_lookup(params["embeddings"], r, partition_strategy="div")
     w = tf.compat.v1.nn.embedding_lookup(params["linear"], r, partition_strategy="div")
     return tf.reduce_sum(v[:, 0] * v[:, 1], axis=1) + w[:, 0] + w[:, 1] + params["bias"]
 
 
-def model_loss(params, ids, clicks):
-    """The clicks' mean log loss."""
+def model_loss(params, ids, clicks):  # the clicks' mean log loss
     return tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(
         labels=clicks, logits=model_logits(params, ids)))
 
