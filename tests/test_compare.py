@@ -205,6 +205,16 @@ def test_downpour_gets_an_sgd_ps_at_the_workers_rate_and_adag_only_the_window():
     assert window_sweep.train_args("ADAG", 8, 0.1) == ["--window", "8", "--learning_rate", "0.1"]
 
 
+def test_the_window_sweep_gives_the_elastic_examples_and_diloco_only_their_window(
+        monkeypatch, capsys, tmp_path):
+    assert window_sweep.train_args("EASGD", 16, 0.5) == ["--window", "16"]
+    assert window_sweep.train_args("DiLoCo", 4, 0.5) == ["--window", "4"]
+    no_runs(monkeypatch)
+    assert exit_code(window_sweep.main, ["--examples", "DOWNPOUR,Hogwild",
+                                         "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.startswith("error: --examples: choose from DOWNPOUR,ADAG,")
+
+
 def test_only_a_full_run_into_the_default_folder_publishes(tmp_path):
     default = argparse_namespace(out=os.path.join(ROOT, "benchmarks", "results"))
     assert runs.publishing(default, quick=False)
