@@ -1,8 +1,11 @@
-"""benchmarks/problems.py: MNIST-1D is made once, in a process of its own, cached as an .npz,
-and every run of a benchmark with --problem mnist1d gets it as --data_path. No training here:
-the make takes a few seconds each time."""
+"""MNIST-1D for the benchmarks (benchmarks/problems.py): made once, in a process of its own,
+cached as an .npz, and every run of a benchmark with --problem mnist1d gets it as --data_path.
+And benchmarks/mnist1d_mlp.py, the paper's MLP row, changes a copied folder only where a user
+would. No training in the default run: the make takes a few seconds each time; the MLP's smoke
+run is marked benchmark (python -m pytest -m benchmark tests/test_problems.py, about 1 min)."""
 import os
 import random
+import subprocess
 import sys
 
 import numpy as np
@@ -11,7 +14,8 @@ import pytest
 from conftest import ROOT
 
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-import problems  # noqa: E402  (benchmarks/ is not a package)
+import mnist1d_mlp  # noqa: E402  (benchmarks/ is not a package)
+import problems  # noqa: E402
 import readme  # noqa: E402
 import runs  # noqa: E402
 
@@ -105,3 +109,42 @@ def test_mnist1d_figures_publish_to_a_section_of_their_own_and_only_from_their_f
     assert not runs.publishing(args, False)  # a script that publishes only the digits
     args.out = readme.RESULTS  # MNIST-1D figures never land on the digits' files
     assert not runs.publishing(args, False, published=problems.PROBLEMS)
+
+
+def test_the_paper_mlp_copy_changes_only_the_model_section_and_the_optimizer(tmp_path):
+    original, copy = mnist1d_mlp.copy_with_paper_mlp(str(tmp_path / "copy"))
+    banner = mnist1d_mlp.BANNER
+    assert copy[copy.index(banner):] == original[original.index(banner):]  # plumbing as it was
+    assert copy.count(mnist1d_mlp.ADAM_LINE) == 1 and mnist1d_mlp.SGD_LINE not in copy
+    without_model = lambda text: mnist1d_mlp.MODEL_BLOCK.sub("", text)
+    assert without_model(copy).replace(mnist1d_mlp.ADAM_LINE, mnist1d_mlp.SGD_LINE) == \
+        without_model(original)
+    assert "h = h + tf.nn.relu(" in copy  # the residual connection
+    assert (tmp_path / "copy" / "run.sh").is_file()
+
+
+def test_the_paper_mlp_table_says_whether_the_median_is_within_3_points(tmp_path):
+    def metrics(final):
+        return {"test_accuracy": final, "history": [[1.0, 500, final - 0.01], [2.0, 8000, final]]}
+    settings = dict(command="python benchmarks/mnist1d_mlp.py", steps=8000, seconds=100)
+    near = mnist1d_mlp.write_table(str(tmp_path / "t.md"), {0: metrics(0.66), 1: metrics(0.64),
+                                                          2: metrics(0.70)}, settings)
+    assert "| 1 | 0.640 | 0.640 (8000) |" in near
+    assert "0.660 (0.640-0.700), against the paper's 0.68: within 3 points (-2.0)" in near
+    far = mnist1d_mlp.write_table(str(tmp_path / "t.md"), {0: metrics(0.60)}, settings)
+    assert "NOT within 3 points (-8.0)" in far
+
+
+@pytest.mark.benchmark
+def test_the_paper_mlp_smoke_run_trains_the_copy_on_mnist1d(tmp_path):
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "mnist1d_mlp.py"),
+                           "--quick", "--out", str(out)], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    row = [line for line in proc.stdout.splitlines() if line.startswith("| 0 |")]
+    assert len(row) == 1 and float(row[0].split("|")[2]) > 0.45, proc.stdout  # 0.58 here
+    assert (out / "mnist1d_mlp.md").is_file()
+    assert not [d for d in os.listdir("/tmp") if d.startswith("mnist1d_mlp-")
+                and os.path.isdir(os.path.join("/tmp", d))
+                and os.path.exists(os.path.join("/tmp", d, "Non-Distributed-Setup"))]
