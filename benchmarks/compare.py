@@ -5,6 +5,9 @@
     python benchmarks/compare.py --repeats 5 --steps 4000 --out my-results
     python benchmarks/compare.py --from_logs         # redraw the last results without training
     python benchmarks/compare.py --problem mnist1d --steps 2000 --workers 2   # about 25 minutes
+    python benchmarks/compare.py --problem mnist1d --steps 2000 --workers 1,2,4,8 --repeats 1 \
+        --examples Hogwild,Distributed-Setup,DOWNPOUR,ADAG,DynSGD \
+        --out benchmarks/results/mnist1d/workers     # the workers sweep: about 25 min
     sudo python benchmarks/compare.py --bandwidth unlimited,1gbit,100mbit,20mbit
 
 With --bandwidth the comparison is over the network instead: every distributed example as
@@ -24,6 +27,8 @@ to 0.55 instead of 0.95, and --out defaults to benchmarks/results/mnist1d. Write
   accuracy.png     test accuracy against wall time, one line per example (first repeat);
   final_accuracy.png  final test accuracy per example: the median and the range over repeats;
   scaling.png      examples/s and final accuracy against the number of workers;
+  workers.md       with more than one --workers count: each example's final test accuracy and
+                   mean staleness at each count (the first repeat), what staleness costs;
   logs/            every run's output and metrics.
 """
 import argparse
@@ -72,6 +77,27 @@ def write_table(path, runs, args):
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
     return "\n".join(lines)
+
+
+def write_workers_table(path, scaling, worker_counts):
+    """scaling: {example: {workers: metrics}} -> final test accuracy (mean staleness) per
+    count."""
+    lines = ["| example | " + " | ".join("%d worker(s)" % n for n in worker_counts) + " |",
+             "|---|" + "---|" * len(worker_counts)]
+    for example, by_workers in scaling.items():
+        cells = []
+        for n in worker_counts:
+            m = by_workers.get(n)
+            stale = m and m.get("mean_staleness")
+            cells.append("" if m is None else "%.3f%s" % (
+                m["test_accuracy"], "" if stale is None else " (%.2f)" % stale))
+        lines.append("| %s | %s |" % (example, " | ".join(cells)))
+    lines += ["", "Final test accuracy (mean staleness, where the example measures it) with each "
+                  "number of workers, the same budget of mini-batches summed over the workers."]
+    text = "\n".join(lines)
+    with open(path, "w") as f:
+        f.write(text + "\n")
+    return text
 
 
 def plot_accuracy(path, results, args):
@@ -173,6 +199,8 @@ def main(argv=None):
     plot_accuracy(os.path.join(args.out, "accuracy.png"), results, args)
     plot_final_accuracy(os.path.join(args.out, "final_accuracy.png"), results, args)
     plot_scaling(os.path.join(args.out, "scaling.png"), scaling, worker_counts, args.target)
+    if len(worker_counts) > 1:
+        print(write_workers_table(os.path.join(args.out, "workers.md"), scaling, worker_counts))
     print("\nwrote results.md, accuracy.png, final_accuracy.png and scaling.png to %s in %.0f s"
           % (args.out, time.time() - started))
     return 0

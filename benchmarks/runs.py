@@ -91,7 +91,8 @@ def parse_run_flags(p, argv):
     args.problem = getattr(args, "problem", "digits")
     if args.out is None:
         args.out = results_folder(args.problem)
-    args.target = TARGETS[args.problem]
+    if getattr(args, "target", None) is None:  # a script's own --target wins
+        args.target = TARGETS[args.problem]
     try:
         args.data_path = problems.data_path(args.problem)
     except RuntimeError as e:
@@ -105,7 +106,7 @@ def results_folder(problem):
 
 
 def run_example(example, workers, args, tag, train_args=(), bandwidth=None, who="compare",
-                cpus=None, ps=None, seed=None):
+                cpus=None, ps=None, seed=None, timeout_is_a_result=False):
     """One run of example with workers workers; returns the chief's metrics.
 
     bandwidth None: the example's run.sh on localhost. A rate as cluster.py takes it
@@ -114,12 +115,16 @@ def run_example(example, workers, args, tag, train_args=(), bandwidth=None, who=
     parameter servers (cluster.py --ps; run.sh's NUM_PS on localhost). Every
     run gets --steps, --batch_size, --seed, --log_every (--eval_every) and --data_path (the
     problem's) from args (seed, if given, instead of args.seed), then train_args. A run that fails runs once more (its log kept as <tag>-failed.log); a second
-    failure stops the benchmark with the name of its log.
+    failure stops the benchmark with the name of its log. With timeout_is_a_result, a run that
+    overruns --timeout returns None instead, and is not run again (a time-to-accuracy benchmark
+    counts it as not reached).
     """
     logs = os.path.join(args.out, "logs")
     os.makedirs(logs, exist_ok=True)
     log_path, metrics_path = (os.path.join(logs, tag + ext) for ext in (".log", ".json"))
     if args.from_logs:  # redraw from an earlier run's metrics, without training again
+        if timeout_is_a_result and not os.path.exists(metrics_path):
+            return None
         return read_metrics(metrics_path)
     tensorboard = os.path.join(logs, tag + "-tensorboard")
     shutil.rmtree(tensorboard, ignore_errors=True)  # an earlier run's checkpoint would resume
@@ -158,6 +163,10 @@ def run_example(example, workers, args, tag, train_args=(), bandwidth=None, who=
                 sys.exit(128 + signal.SIGINT)
         if code == 0 and os.path.exists(metrics_path):
             return read_metrics(metrics_path)
+        if code is None and timeout_is_a_result:
+            print("%s: %s with %d worker(s) overran %.0f s: not reached (its log: %s)"
+                  % (who, example, workers, timeout, log_path), file=sys.stderr, flush=True)
+            return None
         failure = "%s: %s with %d worker(s)%s failed (%s); see %s" % (
             who, example, workers, "" if bandwidth is None else " at " + bandwidth,
             "timed out after %.0f s" % timeout if code is None else "exit %d" % code, log_path)

@@ -81,20 +81,21 @@ def worker_counts(text):
     return counts
 
 
-def run_baseline(args, who):
-    """Non-Distributed-Setup in one process, in a cgroup of --cpus cores: one host's speed."""
+def run_baseline(args, who, tag="scaling-%s" % BASELINE, seed=None, workload=WORKLOAD):
+    """Non-Distributed-Setup in one process, in a cgroup of --cpus cores: one host's speed
+    (with --seed, or seed if given, and workload's flags)."""
     logs = os.path.join(args.out, "logs")
     os.makedirs(logs, exist_ok=True)
-    tag = "scaling-%s" % BASELINE
     log_path, metrics_path = (os.path.join(logs, tag + ext) for ext in (".log", ".json"))
     if args.from_logs:
         return runs.read_metrics(metrics_path)
     quotas = cluster.CpuQuotas("dtfg%d" % os.getpid(), ["local"], args.cpus)
     command = [sys.executable, os.path.join(runs.ROOT, BASELINE, "train.py"),
                "--steps", str(args.steps), "--batch_size", str(args.batch_size),
-               "--log_every", str(args.eval_every), "--seed", str(args.seed),
+               "--log_every", str(args.eval_every),
+               "--seed", str(args.seed if seed is None else seed),
                "--log_dir", os.path.join(logs, tag + "-tensorboard"),
-               "--metrics_file", metrics_path] + WORKLOAD
+               "--metrics_file", metrics_path] + list(workload)
     if args.data_path:  # MNIST-1D, as every distributed run gets it (runs.run_example)
         command += ["--data_path", args.data_path]
     try:
