@@ -21,9 +21,9 @@ those out). --problem mnist1d trains every example on MNIST-1D instead of the di
 problem, where the schemes part ways in accuracy; benchmarks/problems.py), "seconds to" counts
 to 0.55 instead of 0.95, and --out defaults to benchmarks/results/mnist1d. Writes into --out:
   results.md       the table: final test accuracy (median and range over the repeats), wall
-                   time to reach 0.95 (0.55 on MNIST-1D) test accuracy, mini-batches/s and examples/s (all workers),
-                   parameter updates (on the ps: global steps), and the mean staleness of an
-                   update where the example measures it;
+                   time to reach 0.95 (0.55 on MNIST-1D) test accuracy, mini-batches/s and
+                   examples/s (all workers), parameter updates (on the ps: global steps), and
+                   the mean staleness of an update where the example measures it;
   accuracy.png     test accuracy against wall time, one line per example (first repeat);
   final_accuracy.png  final test accuracy per example: the median and the range over repeats;
   scaling.png      examples/s and final accuracy against the number of workers;

@@ -114,8 +114,9 @@ def run_example(example, workers, args, tag, train_args=(), bandwidth=None, who=
     cpus, each of its hosts capped at that many cores (cluster.py --cpus); with ps, that many
     parameter servers (cluster.py --ps; run.sh's NUM_PS on localhost). Every
     run gets --steps, --batch_size, --seed, --log_every (--eval_every) and --data_path (the
-    problem's) from args (seed, if given, instead of args.seed), then train_args. A run that fails runs once more (its log kept as <tag>-failed.log); a second
-    failure stops the benchmark with the name of its log. With timeout_is_a_result, a run that
+    problem's) from args (seed, if given, instead of args.seed), then train_args. A run that
+    fails runs once more (its log kept as <tag>-failed.log); a second failure stops the
+    benchmark with the name of its log. With timeout_is_a_result, a run that
     overruns --timeout returns None instead, and is not run again (a time-to-accuracy benchmark
     counts it as not reached).
     """
@@ -131,8 +132,9 @@ def run_example(example, workers, args, tag, train_args=(), bandwidth=None, who=
     if os.path.exists(metrics_path):
         os.remove(metrics_path)  # a failed run must not leave an earlier run's figures behind
     common = ["--steps", str(args.steps), "--batch_size", str(args.batch_size),
-              "--log_every", str(args.eval_every), "--seed", str(args.seed if seed is None else seed)]
-    if getattr(args, "data_path", ""):  # MNIST-1D: the examples' own data section stays the digits
+              "--log_every", str(args.eval_every),
+              "--seed", str(args.seed if seed is None else seed)]
+    if getattr(args, "data_path", ""):  # MNIST-1D; the examples' own Data stays the digits
         common += ["--data_path", args.data_path]
     common += list(train_args)
     own = ["--log_dir", tensorboard, "--metrics_file", metrics_path]
