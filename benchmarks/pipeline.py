@@ -134,7 +134,7 @@ def plot(path, results, stages):
 
 def main(argv=None, prog="pipeline.py"):
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = parser(prog).parse_args(argv)
+    args = runs.parse_run_flags(parser(prog), argv)
     workload = QUICK_WORKLOAD if args.quick else WORKLOAD
     if args.quick:
         args.steps, args.eval_every, args.batch_size = 6, 3, 512

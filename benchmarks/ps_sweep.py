@@ -134,7 +134,7 @@ def plot(path, results, counts, labels):
 
 def main(argv=None, prog="ps_sweep.py"):
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = parser(prog).parse_args(argv)
+    args = runs.parse_run_flags(parser(prog), argv)
     try:
         counts = ps_counts(args.ps)
         examples = [e.strip() for e in args.examples.split(",") if e.strip()]
