@@ -54,17 +54,26 @@ def save(path, data, before, after):
              **{"after_" + n: v for n, v in after.items()})
 
 
-def parameter_server_strategy(out):
-    ports = [int(p) for p in sys.argv[3].split(",")]  # ps, worker, chief
-    cluster = {"ps": ["localhost:%d" % ports[0]], "worker": ["localhost:%d" % ports[1]],
-               "chief": ["localhost:%d" % ports[2]]}
+def servers_in_this_process(ps, workers):
+    """A ParameterServerStrategy cluster on the ports of argv[3] (the ps, then the workers, then
+    the chief): its ps and worker servers started in this process, which is its chief. Returns
+    the cluster and TensorFlow."""
+    ports = ["localhost:%d" % int(p) for p in sys.argv[3].split(",")]
+    cluster = {"ps": ports[:ps], "worker": ports[ps:ps + workers], "chief": [ports[ps + workers]]}
     os.environ["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": {"type": "chief",
                                                                       "index": 0}})
     import tensorflow as tf
     tf.config.threading.set_inter_op_parallelism_threads(4)  # servers and coordinator: 2 cores
     spec = tf.train.ClusterSpec(cluster)
     for job in ("ps", "worker"):
-        tf.distribute.Server(spec, job_name=job, task_index=0, protocol="grpc", start=True)
+        for index in range(len(cluster[job])):
+            tf.distribute.Server(spec, job_name=job, task_index=index, protocol="grpc",
+                                 start=True)
+    return cluster, tf
+
+
+def parameter_server_strategy(out):
+    cluster, tf = servers_in_this_process(ps=1, workers=1)
     module = load("ParameterServerStrategy")
     module.tf = tf
     args = module.parse_flags(["--hidden", str(HIDDEN), "--learning_rate", str(LEARNING_RATE),
@@ -81,17 +90,7 @@ def parameter_server_strategy(out):
 
 
 def parameter_server_strategy_two_workers(out):
-    ports = [int(p) for p in sys.argv[3].split(",")]  # ps, worker0, worker1, chief
-    cluster = {"ps": ["localhost:%d" % ports[0]],
-               "worker": ["localhost:%d" % p for p in ports[1:3]],
-               "chief": ["localhost:%d" % ports[3]]}
-    os.environ["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": {"type": "chief",
-                                                                      "index": 0}})
-    import tensorflow as tf
-    tf.config.threading.set_inter_op_parallelism_threads(4)  # servers and coordinator: 2 cores
-    spec = tf.train.ClusterSpec(cluster)
-    for job, index in (("ps", 0), ("worker", 0), ("worker", 1)):
-        tf.distribute.Server(spec, job_name=job, task_index=index, protocol="grpc", start=True)
+    cluster, tf = servers_in_this_process(ps=1, workers=2)
     module = load("ParameterServerStrategy")
     module.tf = tf
     args = module.parse_flags(["--hidden", str(HIDDEN), "--batch_size", str(EXAMPLES_PER_WORKER),
@@ -114,16 +113,7 @@ def parameter_server_strategy_two_workers(out):
 
 
 def sparse_embeddings_tf2(out):
-    ports = [int(p) for p in sys.argv[3].split(",")]  # ps0, ps1, worker, chief
-    cluster = {"ps": ["localhost:%d" % p for p in ports[:2]],
-               "worker": ["localhost:%d" % ports[2]], "chief": ["localhost:%d" % ports[3]]}
-    os.environ["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": {"type": "chief",
-                                                                      "index": 0}})
-    import tensorflow as tf
-    tf.config.threading.set_inter_op_parallelism_threads(4)  # servers and coordinator: 2 cores
-    spec = tf.train.ClusterSpec(cluster)
-    for job, index in (("ps", 0), ("ps", 1), ("worker", 0)):
-        tf.distribute.Server(spec, job_name=job, task_index=index, protocol="grpc", start=True)
+    cluster, tf = servers_in_this_process(ps=2, workers=1)
     module = load("Sparse-Embeddings-TF2")
     module.tf = tf
     # 40000 x 4 floats: 640 kB, two slices of the partitioner's 256 kB at least
