@@ -149,7 +149,7 @@ def build_evolution_strategies(args, cluster, new_params, fitness):
     update        the next list applied to theta: (next generation, pairs used, lists waiting);
                   the chief's first makes that list, for every worker, and then late_arrivals
                   takes the arrivals it did not wait for
-    send_start, receive_start    the chief's theta to the others, once"""
+    send_start, receive_start    the chief's theta and its generation to the others, once"""
     workers, k, pairs_each = len(cluster["worker"]), args.task_index, args.population // 2
     n, worker, ps = workers * pairs_each, "/job:worker/task:%d" % k, "/job:ps/task:0"
     with tf.compat.v1.device(worker):
@@ -163,13 +163,17 @@ def build_evolution_strategies(args, cluster, new_params, fitness):
         arrivals = tf.queue.FIFOQueue(-1, [tf.int64], [[2]], shared_name="arrivals")
         lists = [tf.queue.FIFOQueue(-1, [tf.int64, tf.float32], [[], [n, 4]],
                                     shared_name="list%d" % i) for i in range(workers)]
-        starts = [tf.queue.FIFOQueue(1, [p.dtype for p in theta.values()],
-                                     [p.shape for p in theta.values()], names=list(theta),
+        # a start: theta and its generation, so that a worker that starts late applies every
+        # list made since, in order, and labels its pairs with its theta's generation
+        starts = [tf.queue.FIFOQueue(1, [p.dtype for p in theta.values()] + [tf.int64],
+                                     [p.shape for p in theta.values()] + [[]],
+                                     names=list(theta) + ["generation"],
                                      shared_name="start%d" % i) for i in range(workers)]
 
     with tf.compat.v1.device(worker):  # publish: this worker's pairs of its generation g
-        g = worker_variables("es", {"generation": global_step}, lambda s: s.read_value())
-        g = g["generation"]  # the generation this worker's theta is at
+        generation = worker_variables("es", {"generation": global_step},
+                                      lambda s: s.read_value())["generation"]
+        g = generation.read_value()  # the generation its theta is at: read once in a run
         own = tf.range(k * pairs_each, (k + 1) * pairs_each, dtype=tf.int64)  # j of its pairs
         rows = tf.concat([tf.cast(tf.stack([tf.fill([pairs_each], g), own], 1), tf.float32),
                           pair_fitnesses(fitness, theta, g, own, args.sigma)], axis=1)
@@ -202,7 +206,9 @@ def build_evolution_strategies(args, cluster, new_params, fitness):
         adam = tf.compat.v1.train.AdamOptimizer(args.learning_rate)  # it descends: -g_hat
         step = adam.apply_gradients([(-gradient_estimate[m], theta[m]) for m in theta])
         move_to_local_variables(adam.variables())  # its moments: equal on every worker
-        with tf.control_dependencies([step, g.assign(listed_g + 1)]):
+        with tf.control_dependencies([g]):  # after the pairs and the arrival have read it
+            moved_on = generation.assign(listed_g + 1)
+        with tf.control_dependencies([step, moved_on]):
             next_g, used = tf.identity(listed_g + 1), tf.shape(counted)[0]
     with tf.compat.v1.device(ps), tf.control_dependencies([next_g]):
         update = [next_g, used, lists[k].size()]  # a list already waiting: this worker is behind
@@ -210,9 +216,12 @@ def build_evolution_strategies(args, cluster, new_params, fitness):
     with tf.compat.v1.device(ps):  # the one-time start
         next_arrival, started = arrivals.dequeue(), starts[k].dequeue()
         with tf.control_dependencies([table.initializer]):  # ready before anyone publishes
-            send_start = tf.group([q.enqueue(dict(theta)) for q in starts[1:]])
+            send_start = tf.group([q.enqueue(dict(theta, generation=global_step.read_value()))
+                                   for q in starts[1:]])
     with tf.compat.v1.device(worker):
-        receive_start = tf.group([theta[m].assign(v) for m, v in started.items()])
+        with tf.control_dependencies([theta[m].assign(started[m]) for m in theta]
+                                     + [generation.assign(started["generation"])]):
+            receive_start = tf.identity(started["generation"])  # its value: theta's generation
     return EvolutionStrategies(theta, global_step, table, publish, next_arrival, update,
                                late_arrivals, gradient_estimate, send_start, receive_start)
 
@@ -293,8 +302,9 @@ def train(args, cluster, server, data):
     role, generation = "worker%d" % args.task_index, int(session.run(es.global_step))
     if args.task_index == 0:  # the one-time start: from here on only seeds and fitness travel
         session.run(es.send_start)
-    else:
-        bounded(session, es.receive_start, args.connect_timeout, role + ": no theta from the chief")
+    else:  # a worker that starts late applies the lists made since theta's generation first
+        generation = int(bounded(session, es.receive_start, args.connect_timeout,
+                                 role + ": no theta from the chief"))
     expected, short, loss, behind = set(range(1, workers)), 0, float("nan"), False
     while generation < int(np.ceil(args.steps / workers)):  # a mini-batch per worker a generation
         if args.task_index == 0:  # its pairs, a bounded wait for the others', the list for all
