@@ -389,8 +389,8 @@ def check_cluster(cluster, job, index):
 
 def cause(error):
     """The line of a TensorFlow error that says what went wrong (not where, nor the trace)."""
-    lines = [line for line in error.message.splitlines()
-             if line.strip() and not line.startswith((" ", "\t", "Node: "))]
+    lines = [line for line in error.message.splitlines()  # not a rule of ====, nor indented
+             if any(c.isalpha() for c in line) and not line.startswith((" ", "\t", "Node: "))]
     return lines[-1] if lines else type(error).__name__
 
 

@@ -511,6 +511,9 @@ def test_a_tensorflow_error_is_reported_by_its_cause_not_its_node_or_trace():
                                    "line 1\nNode: 'x'\nthe step was aborted\n\t [[{{node x}}]]")
     assert train.cause(error) == "the step was aborted"
     assert train.cause(tf.errors.UnavailableError(None, None, "Socket closed")) == "Socket closed"
+    assert train.cause(tf.errors.UnavailableError(None, None, "Connection reset by peer\n"
+                                                  "=====================")) == (
+        "Connection reset by peer")  # a rule says nothing
 
 
 @pytest.mark.parametrize("example", ["Distributed-Setup", "Sync-SGD"])
