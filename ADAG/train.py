@@ -241,8 +241,10 @@ def main(argv=None):
 # Plumbing shared by every example (what a job needs besides its algorithm)
 # ==================================================================================================
 # train() hands this part what it built: the step's results, the test metrics and the test set;
-# nothing here knows the data, the model or the algorithm. In this order; the same text in every
-# train.py that runs on a ps (a test keeps the copies equal):
+# nothing here knows the data, the model or the algorithm. Checkpoints: the chief restores the
+# latest in --log_dir when it starts (Worker.start) and saves one every 30 s and at the end
+# (Worker.save). In this order; the same text in every train.py that runs on a ps (a test keeps
+# the copies equal):
 #   1. flags, and the cluster from them or from TF_CONFIG;         parse_flags, resolve_cluster,
 #      --data_path's file, checked                                check_cluster, positive_seconds,
 #                                                                  read_npz
@@ -252,9 +254,10 @@ def main(argv=None):
 #   4. the start-up: a worker waits for the ps, then for the      reach_the_ps, wait_for,
 #      chief, who restores the latest checkpoint or initialises   is_listening, Worker
 #      where the ps lacks the variables
-#   5. checkpoints (the chief's, every 30 s and at the end),
-#      progress lines, test metrics and TensorBoard summaries     Worker.after_update, save,
-#                                                                  evaluate
+#   5. progress lines; the chief's checkpoints and its test
+#      metrics over the test set, in batches, to TensorBoard too  Worker.after_update, save,
+#                                                                  test_metrics_in_batches,
+#                                                                  tensorboard_summary
 #   6. the end: the chief waits for the others, names any it
 #      lost, prints the summary line and ends the run; a ps
 #      serves until then (a TensorFlow server never ends itself)  Worker.end, print_summary,
@@ -292,7 +295,8 @@ def parse_flags(argv, example_flags, distributed=True):
          "any numbers and shapes (default: the digits)"),
         ("log_dir", str, "", "checkpoints and summaries; one that has them resumes"),
         ("seed", int, 0, "seed of the initial weights and the shuffling"),
-        ("metrics_file", str, "", "also write the summary here, as JSON"),
+        ("metrics_file", str, "", "also write the summary and the test metrics' history here, "
+         "as JSON (for plots)"),
         ("log_every", int, 100, "progress (the chief's: test metrics) every N local steps"),
     ]
     cluster = [
@@ -415,7 +419,7 @@ def wait_for(condition, seconds=float("inf"), waiting=None):
 # >>> shared: summary
 def print_summary(role, summary, history, metrics_file):
     """The summary line, key=value ...; with --metrics_file also as JSON, with the history of the
-    test accuracy ([seconds, global step, accuracy] per evaluation)."""
+    test metrics ([seconds, global step, then each metric] per evaluation), for plots."""
     def text(value):
         if isinstance(value, list):
             return ",".join(str(v) for v in value)
@@ -428,6 +432,32 @@ def print_summary(role, summary, history, metrics_file):
         with open(metrics_file, "w") as f:
             json.dump(dict(summary, history=history), f, indent=1)
 # <<< shared: summary
+
+
+# >>> shared: test metrics
+def test_metrics_in_batches(session, metrics, x, y, test_set):
+    """Each of metrics (tensors, each a mean over a batch) averaged over the whole test set, fed
+    1000 examples at a time into the placeholders x and y: a large test set never becomes a
+    graph constant."""
+    x_test, y_test = test_set
+    totals = dict.fromkeys(metrics, 0.0)
+    for i in range(0, len(x_test), 1000):
+        feed = {x: x_test[i:i + 1000], y: y_test[i:i + 1000]}
+        for name, value in session.run(metrics, feed).items():
+            totals[name] += value * len(feed[x])
+    return {name: float(total / len(x_test)) for name, total in totals.items()}
+
+
+def tensorboard_summary(metrics, loss=None):
+    """The test metrics (test_NAME), and the training loss if given, as one TensorBoard
+    summary."""
+    summary = tf.compat.v1.Summary()
+    for name, value in metrics.items():
+        summary.value.add(tag="test_" + name, simple_value=value)
+    if loss is not None:
+        summary.value.add(tag="loss", simple_value=loss)
+    return summary
+# <<< shared: test metrics
 
 
 # >>> shared: cluster and session
@@ -715,19 +745,9 @@ class Worker(object):
     def evaluate(self, session, global_step, loss=None):
         """The test metrics, each a mean over the test set, fed 1000 examples at a time (a large
         test set is never a graph constant); also to TensorBoard, with the loss if given."""
-        x_test, y_test = self.test_set
-        totals = dict.fromkeys(self.test_metrics, 0.0)
-        for i in range(0, len(x_test), 1000):
-            feed = {self.test_x: x_test[i:i + 1000], self.test_y: y_test[i:i + 1000]}
-            for name, value in session.run(self.test_metrics, feed).items():
-                totals[name] += value * len(feed[self.test_x])
-        metrics = {name: float(total / len(x_test)) for name, total in totals.items()}
-        summary = tf.compat.v1.Summary()
-        for name, value in metrics.items():
-            summary.value.add(tag="test_" + name, simple_value=value)
-        if loss is not None:
-            summary.value.add(tag="loss", simple_value=loss)
-        self.writer.add_summary(summary, global_step)
+        metrics = test_metrics_in_batches(session, self.test_metrics, self.test_x, self.test_y,
+                                          self.test_set)
+        self.writer.add_summary(tensorboard_summary(metrics, loss), global_step)
         seconds = round(time.time() - self.start_time, 3)
         self.history.append([seconds, global_step] + list(metrics.values()))
         return metrics

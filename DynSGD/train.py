@@ -157,14 +157,26 @@ def build_dynsgd(args, cluster, x, y):
             local_step = tf.identity(loss, name="local_step")
         change = {name: local_params[name] - pulled_params[name] for name in global_params}
 
-    with tf.compat.v1.device(global_step.device):  # the lock, and all it guards, on the ps
+    ps = global_step.device
+    with tf.compat.v1.device(ps):
         one_at_a_time = tf.CriticalSection(name="dynsgd_lock", shared_name="dynsgd_lock")
+        arrived = {name: tf.identity(c) for name, c in change.items()}  # here before the lock
+
+    def locked_on_the_ps(fn):
+        """fn's ops, and the lock's, all on the ps: the lock is held for the ps's own work only.
+        Its inputs are on the ps before it is taken (the lock waits for them: the change
+        has arrived); its outputs leave after it is released. Built under the worker's
+        device, every hop would be inside the lock."""
+        with tf.compat.v1.device(ps):
+            return one_at_a_time.execute(fn, exclusive_resource_access=False)
 
     def push_on_the_ps():  # inside the lock: one read of the clock serves every use
         clock = global_step.read_value()
-        staleness = clock - pulled_at[k]  # pushes of others since this worker pulled
+        # pushes of others since this worker pulled; never below 0, even if a restored clock
+        # is behind the pull this worker noted (else 1 / (staleness + 1) could divide by 0)
+        staleness = tf.maximum(clock - pulled_at[k], 0)
         scale = 1.0 / tf.cast(staleness + 1, tf.float32)
-        applied = [theta.assign_add(scale * change[name], read_value=False)
+        applied = [theta.assign_add(scale * arrived[name], read_value=False)
                    for name, theta in global_params.items()]
         with tf.control_dependencies(applied):  # the clock moves once the parameters have
             ticked = global_step.assign_add(1, read_value=False)
@@ -181,10 +193,10 @@ def build_dynsgd(args, cluster, x, y):
             return {name: tf.identity(value) for name, value in values.items()}
 
     def copy_global_to_local():
-        values = one_at_a_time.execute(read_on_the_ps, exclusive_resource_access=False)
+        values = locked_on_the_ps(read_on_the_ps)
         return tf.group(*[copy[n].assign(values[n], read_value=False)
                           for copy in (local_params, pulled_params) for n in values])
-    push = one_at_a_time.execute(push_on_the_ps, exclusive_resource_access=False)
+    push = locked_on_the_ps(push_on_the_ps)
     pull = copy_global_to_local()
     with tf.control_dependencies([push]):
         with tf.control_dependencies([copy_global_to_local()]):
@@ -241,8 +253,10 @@ def main(argv=None):
 # Plumbing shared by every example (what a job needs besides its algorithm)
 # ==================================================================================================
 # train() hands this part what it built: the step's results, the test metrics and the test set;
-# nothing here knows the data, the model or the algorithm. In this order; the same text in every
-# train.py that runs on a ps (a test keeps the copies equal):
+# nothing here knows the data, the model or the algorithm. Checkpoints: the chief restores the
+# latest in --log_dir when it starts (Worker.start) and saves one every 30 s and at the end
+# (Worker.save). In this order; the same text in every train.py that runs on a ps (a test keeps
+# the copies equal):
 #   1. flags, and the cluster from them or from TF_CONFIG;         parse_flags, resolve_cluster,
 #      --data_path's file, checked                                check_cluster, positive_seconds,
 #                                                                  read_npz
@@ -252,9 +266,10 @@ def main(argv=None):
 #   4. the start-up: a worker waits for the ps, then for the      reach_the_ps, wait_for,
 #      chief, who restores the latest checkpoint or initialises   is_listening, Worker
 #      where the ps lacks the variables
-#   5. checkpoints (the chief's, every 30 s and at the end),
-#      progress lines, test metrics and TensorBoard summaries     Worker.after_update, save,
-#                                                                  evaluate
+#   5. progress lines; the chief's checkpoints and its test
+#      metrics over the test set, in batches, to TensorBoard too  Worker.after_update, save,
+#                                                                  test_metrics_in_batches,
+#                                                                  tensorboard_summary
 #   6. the end: the chief waits for the others, names any it
 #      lost, prints the summary line and ends the run; a ps
 #      serves until then (a TensorFlow server never ends itself)  Worker.end, print_summary,
@@ -292,7 +307,8 @@ def parse_flags(argv, example_flags, distributed=True):
          "any numbers and shapes (default: the digits)"),
         ("log_dir", str, "", "checkpoints and summaries; one that has them resumes"),
         ("seed", int, 0, "seed of the initial weights and the shuffling"),
-        ("metrics_file", str, "", "also write the summary here, as JSON"),
+        ("metrics_file", str, "", "also write the summary and the test metrics' history here, "
+         "as JSON (for plots)"),
         ("log_every", int, 100, "progress (the chief's: test metrics) every N local steps"),
     ]
     cluster = [
@@ -415,7 +431,7 @@ def wait_for(condition, seconds=float("inf"), waiting=None):
 # >>> shared: summary
 def print_summary(role, summary, history, metrics_file):
     """The summary line, key=value ...; with --metrics_file also as JSON, with the history of the
-    test accuracy ([seconds, global step, accuracy] per evaluation)."""
+    test metrics ([seconds, global step, then each metric] per evaluation), for plots."""
     def text(value):
         if isinstance(value, list):
             return ",".join(str(v) for v in value)
@@ -428,6 +444,32 @@ def print_summary(role, summary, history, metrics_file):
         with open(metrics_file, "w") as f:
             json.dump(dict(summary, history=history), f, indent=1)
 # <<< shared: summary
+
+
+# >>> shared: test metrics
+def test_metrics_in_batches(session, metrics, x, y, test_set):
+    """Each of metrics (tensors, each a mean over a batch) averaged over the whole test set, fed
+    1000 examples at a time into the placeholders x and y: a large test set never becomes a
+    graph constant."""
+    x_test, y_test = test_set
+    totals = dict.fromkeys(metrics, 0.0)
+    for i in range(0, len(x_test), 1000):
+        feed = {x: x_test[i:i + 1000], y: y_test[i:i + 1000]}
+        for name, value in session.run(metrics, feed).items():
+            totals[name] += value * len(feed[x])
+    return {name: float(total / len(x_test)) for name, total in totals.items()}
+
+
+def tensorboard_summary(metrics, loss=None):
+    """The test metrics (test_NAME), and the training loss if given, as one TensorBoard
+    summary."""
+    summary = tf.compat.v1.Summary()
+    for name, value in metrics.items():
+        summary.value.add(tag="test_" + name, simple_value=value)
+    if loss is not None:
+        summary.value.add(tag="loss", simple_value=loss)
+    return summary
+# <<< shared: test metrics
 
 
 # >>> shared: cluster and session
@@ -715,19 +757,9 @@ class Worker(object):
     def evaluate(self, session, global_step, loss=None):
         """The test metrics, each a mean over the test set, fed 1000 examples at a time (a large
         test set is never a graph constant); also to TensorBoard, with the loss if given."""
-        x_test, y_test = self.test_set
-        totals = dict.fromkeys(self.test_metrics, 0.0)
-        for i in range(0, len(x_test), 1000):
-            feed = {self.test_x: x_test[i:i + 1000], self.test_y: y_test[i:i + 1000]}
-            for name, value in session.run(self.test_metrics, feed).items():
-                totals[name] += value * len(feed[self.test_x])
-        metrics = {name: float(total / len(x_test)) for name, total in totals.items()}
-        summary = tf.compat.v1.Summary()
-        for name, value in metrics.items():
-            summary.value.add(tag="test_" + name, simple_value=value)
-        if loss is not None:
-            summary.value.add(tag="loss", simple_value=loss)
-        self.writer.add_summary(summary, global_step)
+        metrics = test_metrics_in_batches(session, self.test_metrics, self.test_x, self.test_y,
+                                          self.test_set)
+        self.writer.add_summary(tensorboard_summary(metrics, loss), global_step)
         seconds = round(time.time() - self.start_time, 3)
         self.history.append([seconds, global_step] + list(metrics.values()))
         return metrics

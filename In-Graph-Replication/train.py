@@ -210,7 +210,10 @@ def main(argv=None):
 #   4. the devices that carry the model, and the controller        run_devices
 #   5. the client's session, once every worker answers; the
 #      variables initialised or restored                           Client.start
-#   6. progress lines, test metrics, checkpoints, TensorBoard     after_update, save, evaluate
+#   6. progress lines, checkpoints, the test metrics over the
+#      test set in batches, TensorBoard                            after_update, save, evaluate,
+#                                                                  test_metrics_in_batches,
+#                                                                  tensorboard_summary
 #   7. the summary line                                            end, print_summary
 # >>> shared: flags
 def fail(message):
@@ -241,7 +244,8 @@ def parse_flags(argv, example_flags, distributed=True):
          "any numbers and shapes (default: the digits)"),
         ("log_dir", str, "", "checkpoints and summaries; one that has them resumes"),
         ("seed", int, 0, "seed of the initial weights and the shuffling"),
-        ("metrics_file", str, "", "also write the summary here, as JSON"),
+        ("metrics_file", str, "", "also write the summary and the test metrics' history here, "
+         "as JSON (for plots)"),
         ("log_every", int, 100, "progress (the chief's: test metrics) every N local steps"),
     ]
     cluster = [
@@ -364,7 +368,7 @@ def wait_for(condition, seconds=float("inf"), waiting=None):
 # >>> shared: summary
 def print_summary(role, summary, history, metrics_file):
     """The summary line, key=value ...; with --metrics_file also as JSON, with the history of the
-    test accuracy ([seconds, global step, accuracy] per evaluation)."""
+    test metrics ([seconds, global step, then each metric] per evaluation), for plots."""
     def text(value):
         if isinstance(value, list):
             return ",".join(str(v) for v in value)
@@ -377,6 +381,32 @@ def print_summary(role, summary, history, metrics_file):
         with open(metrics_file, "w") as f:
             json.dump(dict(summary, history=history), f, indent=1)
 # <<< shared: summary
+
+
+# >>> shared: test metrics
+def test_metrics_in_batches(session, metrics, x, y, test_set):
+    """Each of metrics (tensors, each a mean over a batch) averaged over the whole test set, fed
+    1000 examples at a time into the placeholders x and y: a large test set never becomes a
+    graph constant."""
+    x_test, y_test = test_set
+    totals = dict.fromkeys(metrics, 0.0)
+    for i in range(0, len(x_test), 1000):
+        feed = {x: x_test[i:i + 1000], y: y_test[i:i + 1000]}
+        for name, value in session.run(metrics, feed).items():
+            totals[name] += value * len(feed[x])
+    return {name: float(total / len(x_test)) for name, total in totals.items()}
+
+
+def tensorboard_summary(metrics, loss=None):
+    """The test metrics (test_NAME), and the training loss if given, as one TensorBoard
+    summary."""
+    summary = tf.compat.v1.Summary()
+    for name, value in metrics.items():
+        summary.value.add(tag="test_" + name, simple_value=value)
+    if loss is not None:
+        summary.value.add(tag="loss", simple_value=loss)
+    return summary
+# <<< shared: test metrics
 
 
 # >>> shared: one client
@@ -541,7 +571,8 @@ class Client(object):
         else:
             session.run(init)
         self.step = self.start_step = int(session.run(self.global_step))
-        self.started = self.last_checkpoint = time.time()
+        self.started = time.time()
+        self.last_checkpoint = 0.0  # the first progress line saves one
         self.progress_step, self.progress_time = self.step, self.started
         print("[%s] training started" % role, flush=True)
         return session
@@ -569,19 +600,9 @@ class Client(object):
     def evaluate(self, session, global_step, loss=None):
         """The test metrics, each a mean over the test set, fed 1000 examples at a time (a large
         test set is never a graph constant); also to TensorBoard, with the loss if given."""
-        x_test, y_test = self.test_set
-        totals = dict.fromkeys(self.test_metrics, 0.0)
-        for i in range(0, len(x_test), 1000):
-            feed = {self.test_x: x_test[i:i + 1000], self.test_y: y_test[i:i + 1000]}
-            for name, value in session.run(self.test_metrics, feed).items():
-                totals[name] += value * len(feed[self.test_x])
-        metrics = {name: float(total / len(x_test)) for name, total in totals.items()}
-        summary = tf.compat.v1.Summary()
-        for name, value in metrics.items():
-            summary.value.add(tag="test_" + name, simple_value=value)
-        if loss is not None:
-            summary.value.add(tag="loss", simple_value=loss)
-        self.writer.add_summary(summary, global_step)
+        metrics = test_metrics_in_batches(session, self.test_metrics, self.test_x, self.test_y,
+                                          self.test_set)
+        self.writer.add_summary(tensorboard_summary(metrics, loss), global_step)
         seconds = round(time.time() - self.started, 3)
         self.history.append([seconds, global_step] + list(metrics.values()))
         return metrics

@@ -25,8 +25,8 @@ Run it
 
 Use your own model
     Edit the sections marked "(replace with your own)": Data, and Model (layers, each its
-    variables and a function of the layer before). stage_of_each_layer gives each stage an
-    equal share of the weights, as near as whole layers allow. --batch_size must divide by
+    variables and a function of the layer before). stage_of_each_layer gives each stage a run
+    of whole layers, the largest stage as small as it can be. --batch_size must divide by
     --micro_batches.
 
 References
@@ -140,14 +140,25 @@ Pipeline = collections.namedtuple("Pipeline", "layers stage_of global_step loss 
 
 
 def stage_of_each_layer(sizes, stages):
-    """The stage of every layer: each stage an equal share of the weights, as near as whole
-    layers allow (a layer goes where the middle of its weights falls)."""
+    """The stage of every layer: consecutive layers to each stage, at least one each, and the
+    largest stage's weights as few as whole layers allow (the slowest stage sets the pace).
+    Needs at least as many layers as stages."""
     weights = [a * b for a, b in zip(sizes, sizes[1:])]
-    stage_of, before = [], 0
-    for w in weights:
-        stage_of.append(min(stages - 1, int((before + w / 2) / sum(weights) * stages)))
-        before += w
-    return stage_of
+    best = {}  # (first layer, stages): the least largest stage of layers first.. on them
+
+    def split(first, stages):  # (largest stage's weights, layers on each stage)
+        if stages == 1:
+            return sum(weights[first:]), [len(weights) - first]
+        if (first, stages) not in best:
+            options = []
+            for count in range(1, len(weights) - first - stages + 2):  # leave one a stage
+                largest, counts = split(first + count, stages - 1)
+                options.append((max(sum(weights[first:first + count]), largest),
+                                [count] + counts))
+            best[first, stages] = min(options)
+        return best[first, stages]
+    counts = split(0, stages)[1]
+    return [stage for stage, count in enumerate(counts) for _ in range(count)]
 
 
 def build_pipeline(args, devices, x, y):
@@ -216,9 +227,15 @@ class StageClock(object):
         metadata = tf.compat.v1.RunMetadata()
         values = session.run(fetches, options=tf.compat.v1.RunOptions(
             trace_level=tf.compat.v1.RunOptions.FULL_TRACE), run_metadata=metadata)
+        self.count(metadata.step_stats)
+        return values
+
+    def count(self, step_stats):
+        """Add a traced step's busy time per stage, and its length."""
         spans_of_stage, every_span = [[] for _ in self.devices], []
-        for device in metadata.step_stats.dev_stats:
-            name = device.device.replace("/replica:0", "")
+        for device in step_stats.dev_stats:
+            # a GPU's kernels are logged under .../device:GPU:0/stream:<n> (and stream:all)
+            name = device.device.replace("/replica:0", "").split("/stream:")[0]
             stages = [s for s, d in enumerate(self.devices) if name.endswith(d)]
             for op in device.node_stats:
                 span = (op.all_start_micros, op.all_start_micros + op.all_end_rel_micros)
@@ -228,7 +245,6 @@ class StageClock(object):
         self.length += max(end for _, end in every_span) - min(s for s, _ in every_span)
         for stage, spans in enumerate(spans_of_stage):
             self.busy[stage] += covered(spans)
-        return values
 
     def fractions(self):
         return [round(b / self.length, 3) if self.length else 0.0 for b in self.busy]
@@ -295,7 +311,10 @@ def main(argv=None):
 #   4. the devices that carry the model, and the controller        run_devices
 #   5. the client's session, once every worker answers; the
 #      variables initialised or restored                           Client.start
-#   6. progress lines, test metrics, checkpoints, TensorBoard     after_update, save, evaluate
+#   6. progress lines, checkpoints, the test metrics over the
+#      test set in batches, TensorBoard                            after_update, save, evaluate,
+#                                                                  test_metrics_in_batches,
+#                                                                  tensorboard_summary
 #   7. the summary line                                            end, print_summary
 # >>> shared: flags
 def fail(message):
@@ -326,7 +345,8 @@ def parse_flags(argv, example_flags, distributed=True):
          "any numbers and shapes (default: the digits)"),
         ("log_dir", str, "", "checkpoints and summaries; one that has them resumes"),
         ("seed", int, 0, "seed of the initial weights and the shuffling"),
-        ("metrics_file", str, "", "also write the summary here, as JSON"),
+        ("metrics_file", str, "", "also write the summary and the test metrics' history here, "
+         "as JSON (for plots)"),
         ("log_every", int, 100, "progress (the chief's: test metrics) every N local steps"),
     ]
     cluster = [
@@ -449,7 +469,7 @@ def wait_for(condition, seconds=float("inf"), waiting=None):
 # >>> shared: summary
 def print_summary(role, summary, history, metrics_file):
     """The summary line, key=value ...; with --metrics_file also as JSON, with the history of the
-    test accuracy ([seconds, global step, accuracy] per evaluation)."""
+    test metrics ([seconds, global step, then each metric] per evaluation), for plots."""
     def text(value):
         if isinstance(value, list):
             return ",".join(str(v) for v in value)
@@ -462,6 +482,32 @@ def print_summary(role, summary, history, metrics_file):
         with open(metrics_file, "w") as f:
             json.dump(dict(summary, history=history), f, indent=1)
 # <<< shared: summary
+
+
+# >>> shared: test metrics
+def test_metrics_in_batches(session, metrics, x, y, test_set):
+    """Each of metrics (tensors, each a mean over a batch) averaged over the whole test set, fed
+    1000 examples at a time into the placeholders x and y: a large test set never becomes a
+    graph constant."""
+    x_test, y_test = test_set
+    totals = dict.fromkeys(metrics, 0.0)
+    for i in range(0, len(x_test), 1000):
+        feed = {x: x_test[i:i + 1000], y: y_test[i:i + 1000]}
+        for name, value in session.run(metrics, feed).items():
+            totals[name] += value * len(feed[x])
+    return {name: float(total / len(x_test)) for name, total in totals.items()}
+
+
+def tensorboard_summary(metrics, loss=None):
+    """The test metrics (test_NAME), and the training loss if given, as one TensorBoard
+    summary."""
+    summary = tf.compat.v1.Summary()
+    for name, value in metrics.items():
+        summary.value.add(tag="test_" + name, simple_value=value)
+    if loss is not None:
+        summary.value.add(tag="loss", simple_value=loss)
+    return summary
+# <<< shared: test metrics
 
 
 # >>> shared: one client
@@ -626,7 +672,8 @@ class Client(object):
         else:
             session.run(init)
         self.step = self.start_step = int(session.run(self.global_step))
-        self.started = self.last_checkpoint = time.time()
+        self.started = time.time()
+        self.last_checkpoint = 0.0  # the first progress line saves one
         self.progress_step, self.progress_time = self.step, self.started
         print("[%s] training started" % role, flush=True)
         return session
@@ -654,19 +701,9 @@ class Client(object):
     def evaluate(self, session, global_step, loss=None):
         """The test metrics, each a mean over the test set, fed 1000 examples at a time (a large
         test set is never a graph constant); also to TensorBoard, with the loss if given."""
-        x_test, y_test = self.test_set
-        totals = dict.fromkeys(self.test_metrics, 0.0)
-        for i in range(0, len(x_test), 1000):
-            feed = {self.test_x: x_test[i:i + 1000], self.test_y: y_test[i:i + 1000]}
-            for name, value in session.run(self.test_metrics, feed).items():
-                totals[name] += value * len(feed[self.test_x])
-        metrics = {name: float(total / len(x_test)) for name, total in totals.items()}
-        summary = tf.compat.v1.Summary()
-        for name, value in metrics.items():
-            summary.value.add(tag="test_" + name, simple_value=value)
-        if loss is not None:
-            summary.value.add(tag="loss", simple_value=loss)
-        self.writer.add_summary(summary, global_step)
+        metrics = test_metrics_in_batches(session, self.test_metrics, self.test_x, self.test_y,
+                                          self.test_set)
+        self.writer.add_summary(tensorboard_summary(metrics, loss), global_step)
         seconds = round(time.time() - self.started, 3)
         self.history.append([seconds, global_step] + list(metrics.values()))
         return metrics

@@ -127,18 +127,6 @@ def build_sgd(args, x, y):
 
 
 # --- The training loop ----------------------------------------------------------------------------
-def evaluate(session, metrics, x, y, test_set):
-    """Each test metric averaged over the test set, fed 1000 examples at a time into the
-    placeholders x and y (a large test set never becomes a graph constant)."""
-    x_test, y_test = test_set
-    totals = dict.fromkeys(metrics, 0.0)
-    for i in range(0, len(x_test), 1000):
-        feed = {x: x_test[i:i + 1000], y: y_test[i:i + 1000]}
-        for name, value in session.run(metrics, feed).items():
-            totals[name] += value * len(feed[x])
-    return {name: float(total / len(x_test)) for name, total in totals.items()}
-
-
 def train(args, data):
     sgd = build_sgd(args, *training_batches(data, args.batch_size, 0, 1, args.seed))
     test_x = tf.compat.v1.placeholder(data.x_test.dtype, (None,) + data.x_test.shape[1:])
@@ -149,12 +137,9 @@ def train(args, data):
     history, started = [], time.time()
 
     def report(session, step, loss):  # the test metrics, also to TensorBoard
-        metrics = evaluate(session, test_metrics, test_x, test_y, (data.x_test, data.y_test))
-        summary = tf.compat.v1.Summary()
-        for name, value in metrics.items():
-            summary.value.add(tag="test_" + name, simple_value=value)
-        summary.value.add(tag="loss", simple_value=loss)
-        writer.add_summary(summary, step)
+        metrics = test_metrics_in_batches(session, test_metrics, test_x, test_y,
+                                          (data.x_test, data.y_test))
+        writer.add_summary(tensorboard_summary(metrics, loss), step)
         history.append([round(time.time() - started, 3), step] + list(metrics.values()))
         return metrics
 
@@ -212,6 +197,8 @@ def main(argv=None):
 #   1. flags; --data_path's file, checked
 #                                parse_flags, fail, positive_seconds, read_npz
 #   2. the summary line          print_summary
+#   3. the test metrics over the test set, in batches; TensorBoard
+#                                test_metrics_in_batches, tensorboard_summary
 # >>> shared: flags
 def fail(message):
     """One line on stderr and exit status 2: for bad input and lost peers, never for bugs."""
@@ -241,7 +228,8 @@ def parse_flags(argv, example_flags, distributed=True):
          "any numbers and shapes (default: the digits)"),
         ("log_dir", str, "", "checkpoints and summaries; one that has them resumes"),
         ("seed", int, 0, "seed of the initial weights and the shuffling"),
-        ("metrics_file", str, "", "also write the summary here, as JSON"),
+        ("metrics_file", str, "", "also write the summary and the test metrics' history here, "
+         "as JSON (for plots)"),
         ("log_every", int, 100, "progress (the chief's: test metrics) every N local steps"),
     ]
     cluster = [
@@ -318,7 +306,7 @@ def read_npz(path, num_classes=None):
 # >>> shared: summary
 def print_summary(role, summary, history, metrics_file):
     """The summary line, key=value ...; with --metrics_file also as JSON, with the history of the
-    test accuracy ([seconds, global step, accuracy] per evaluation)."""
+    test metrics ([seconds, global step, then each metric] per evaluation), for plots."""
     def text(value):
         if isinstance(value, list):
             return ",".join(str(v) for v in value)
@@ -331,6 +319,32 @@ def print_summary(role, summary, history, metrics_file):
         with open(metrics_file, "w") as f:
             json.dump(dict(summary, history=history), f, indent=1)
 # <<< shared: summary
+
+
+# >>> shared: test metrics
+def test_metrics_in_batches(session, metrics, x, y, test_set):
+    """Each of metrics (tensors, each a mean over a batch) averaged over the whole test set, fed
+    1000 examples at a time into the placeholders x and y: a large test set never becomes a
+    graph constant."""
+    x_test, y_test = test_set
+    totals = dict.fromkeys(metrics, 0.0)
+    for i in range(0, len(x_test), 1000):
+        feed = {x: x_test[i:i + 1000], y: y_test[i:i + 1000]}
+        for name, value in session.run(metrics, feed).items():
+            totals[name] += value * len(feed[x])
+    return {name: float(total / len(x_test)) for name, total in totals.items()}
+
+
+def tensorboard_summary(metrics, loss=None):
+    """The test metrics (test_NAME), and the training loss if given, as one TensorBoard
+    summary."""
+    summary = tf.compat.v1.Summary()
+    for name, value in metrics.items():
+        summary.value.add(tag="test_" + name, simple_value=value)
+    if loss is not None:
+        summary.value.add(tag="loss", simple_value=loss)
+    return summary
+# <<< shared: test metrics
 
 
 if __name__ == "__main__":

@@ -281,7 +281,8 @@ def parse_flags(argv, example_flags, distributed=True):
          "any numbers and shapes (default: the digits)"),
         ("log_dir", str, "", "checkpoints and summaries; one that has them resumes"),
         ("seed", int, 0, "seed of the initial weights and the shuffling"),
-        ("metrics_file", str, "", "also write the summary here, as JSON"),
+        ("metrics_file", str, "", "also write the summary and the test metrics' history here, "
+         "as JSON (for plots)"),
         ("log_every", int, 100, "progress (the chief's: test metrics) every N local steps"),
     ]
     cluster = [
@@ -404,7 +405,7 @@ def wait_for(condition, seconds=float("inf"), waiting=None):
 # >>> shared: summary
 def print_summary(role, summary, history, metrics_file):
     """The summary line, key=value ...; with --metrics_file also as JSON, with the history of the
-    test accuracy ([seconds, global step, accuracy] per evaluation)."""
+    test metrics ([seconds, global step, then each metric] per evaluation), for plots."""
     def text(value):
         if isinstance(value, list):
             return ",".join(str(v) for v in value)

@@ -172,10 +172,10 @@ def build_sparse_pss(args, cluster, data):
             rate = args.learning_rate / strategy.num_replicas_in_sync  # the replicas' mean
             for v, g in zip(slices, per_replica):
                 for part in strategy.experimental_local_results(g):  # one per replica
-                    if isinstance(part, tf.IndexedSlices):  # only its rows, on the slice's ps
-                        v.scatter_sub(tf.IndexedSlices(rate * part.values, part.indices))
-                    else:  # the bias
+                    if v is params["bias"]:  # one number: its gradient is dense
                         v.assign_sub(rate * part)
+                    else:  # a slice of a table: only its rows, on the slice's ps
+                        v.scatter_sub(rows_only(v, part, rate))
             global_step.assign_add(1)  # on the ps, with no lock, like the steps
             loss = strategy.reduce("MEAN", losses, axis=None)
         worker = tf.distribute.coordinator.experimental_get_current_worker_index()
@@ -184,6 +184,17 @@ def build_sparse_pss(args, cluster, data):
         return loss
     return SparsePss(strategy, coordinator, params, slices, global_step, steps_per_worker,
                      iterator, train_steps)
+
+
+def rows_only(table_slice, gradient, rate):
+    """The rows of a table slice to subtract: rate times its gradient, which must be row-sparse
+    (tf.IndexedSlices, as tf.nn.embedding_lookup gives). A dense one, from a model that reads
+    the table whole, would move every row of the slice each step: it fails here, loudly."""
+    if not isinstance(gradient, tf.IndexedSlices):
+        raise TypeError("the gradient of table slice %s is dense: read the table with "
+                        "tf.nn.embedding_lookup only, so a step moves only its rows"
+                        % table_slice.name)
+    return tf.IndexedSlices(rate * gradient.values, gradient.indices)
 
 
 # --- The training loop ----------------------------------------------------------------------------
@@ -318,7 +329,8 @@ def parse_flags(argv, example_flags, distributed=True):
          "any numbers and shapes (default: the digits)"),
         ("log_dir", str, "", "checkpoints and summaries; one that has them resumes"),
         ("seed", int, 0, "seed of the initial weights and the shuffling"),
-        ("metrics_file", str, "", "also write the summary here, as JSON"),
+        ("metrics_file", str, "", "also write the summary and the test metrics' history here, "
+         "as JSON (for plots)"),
         ("log_every", int, 100, "progress (the chief's: test metrics) every N local steps"),
     ]
     cluster = [
@@ -441,7 +453,7 @@ def wait_for(condition, seconds=float("inf"), waiting=None):
 # >>> shared: summary
 def print_summary(role, summary, history, metrics_file):
     """The summary line, key=value ...; with --metrics_file also as JSON, with the history of the
-    test accuracy ([seconds, global step, accuracy] per evaluation)."""
+    test metrics ([seconds, global step, then each metric] per evaluation), for plots."""
     def text(value):
         if isinstance(value, list):
             return ",".join(str(v) for v in value)

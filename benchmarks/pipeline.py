@@ -31,7 +31,7 @@ import time
 
 import cluster  # benchmarks/cluster.py: the hosts, their CPU quotas and their links
 import readme  # benchmarks/readme.py: the figures reach the READMEs only through here
-import runs  # benchmarks/runs.py: how every benchmark runs an example and reads its metrics
+import runs  # benchmarks/runs.py: how this benchmark runs an example and reads its metrics
 import shared  # benchmarks/shared.py: the one-line error
 from runs import mini_batches_per_sec
 
@@ -134,7 +134,7 @@ def plot(path, results, stages):
 
 def main(argv=None, prog="pipeline.py"):
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = parser(prog).parse_args(argv)
+    args = runs.parse_run_flags(parser(prog), argv)
     workload = QUICK_WORKLOAD if args.quick else WORKLOAD
     if args.quick:
         args.steps, args.eval_every, args.batch_size = 6, 3, 512

@@ -33,7 +33,7 @@ import time
 
 import cluster  # benchmarks/cluster.py: the hosts, their CPU quotas and their links
 import readme  # benchmarks/readme.py: the figures reach the READMEs only through here
-import runs  # benchmarks/runs.py: how every benchmark runs an example and reads its metrics
+import runs  # benchmarks/runs.py: how this benchmark runs an example and reads its metrics
 import shared  # benchmarks/shared.py: link rates and the one-line error
 from bandwidth import parse_rates
 from runs import mini_batches_per_sec
@@ -134,7 +134,7 @@ def plot(path, results, counts, labels):
 
 def main(argv=None, prog="ps_sweep.py"):
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = parser(prog).parse_args(argv)
+    args = runs.parse_run_flags(parser(prog), argv)
     try:
         counts = ps_counts(args.ps)
         examples = [e.strip() for e in args.examples.split(",") if e.strip()]

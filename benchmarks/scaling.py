@@ -43,7 +43,7 @@ import time
 
 import cluster  # benchmarks/cluster.py: the hosts, their CPU quotas and their links
 import readme  # benchmarks/readme.py: the figures reach the READMEs only through here
-import runs  # benchmarks/runs.py: how every benchmark runs an example and reads its metrics
+import runs  # benchmarks/runs.py: how this benchmark runs an example and reads its metrics
 import shared  # benchmarks/shared.py: link rates and the one-line error
 from bandwidth import parse_rates
 from runs import BASELINE, mini_batches_per_sec, time_to_target
@@ -58,7 +58,7 @@ LEFT_OUT = {"Evolution-Strategies", "In-Graph-Replication", "Model-Parallel-Pipe
 
 def parser(prog):
     p = runs.argparse_for(prog, __doc__)
-    runs.add_run_flags(p, steps=900, eval_every=30)
+    runs.add_run_flags(p, steps=900, eval_every=30, problem=True)
     p.set_defaults(batch_size=512)
     p.add_argument("--cpus", type=cluster.positive_cores, default=0.4, metavar="C",
                    help="cores of every host, a cgroup CPU quota each (default: 0.4)")
@@ -81,20 +81,23 @@ def worker_counts(text):
     return counts
 
 
-def run_baseline(args, who):
-    """Non-Distributed-Setup in one process, in a cgroup of --cpus cores: one host's speed."""
+def run_baseline(args, who, tag="scaling-%s" % BASELINE, seed=None, workload=WORKLOAD):
+    """Non-Distributed-Setup in one process, in a cgroup of --cpus cores: one host's speed
+    (with --seed, or seed if given, and workload's flags)."""
     logs = os.path.join(args.out, "logs")
     os.makedirs(logs, exist_ok=True)
-    tag = "scaling-%s" % BASELINE
     log_path, metrics_path = (os.path.join(logs, tag + ext) for ext in (".log", ".json"))
     if args.from_logs:
         return runs.read_metrics(metrics_path)
     quotas = cluster.CpuQuotas("dtfg%d" % os.getpid(), ["local"], args.cpus)
     command = [sys.executable, os.path.join(runs.ROOT, BASELINE, "train.py"),
                "--steps", str(args.steps), "--batch_size", str(args.batch_size),
-               "--log_every", str(args.eval_every), "--seed", str(args.seed),
+               "--log_every", str(args.eval_every),
+               "--seed", str(args.seed if seed is None else seed),
                "--log_dir", os.path.join(logs, tag + "-tensorboard"),
-               "--metrics_file", metrics_path] + WORKLOAD
+               "--metrics_file", metrics_path] + list(workload)
+    if args.data_path:  # MNIST-1D, as every distributed run gets it (runs.run_example)
+        command += ["--data_path", args.data_path]
     try:
         quotas.create()
         with open(log_path, "w") as log:
@@ -111,14 +114,15 @@ def run_baseline(args, who):
 
 def write_table(path, results, baseline, settings):
     one_host = mini_batches_per_sec(baseline)
-    one_host_target = time_to_target(baseline)
+    goal = settings.get("target", runs.TARGET)  # the problem's accuracy (runs.TARGETS)
+    one_host_target = time_to_target(baseline, goal)
     lines = ["| example | workers | links | mini-batches/s | speed-up | efficiency "
-             "| s to 0.95 | its speed-up |", "|---|---|---|---|---|---|---|---|",
+             "| s to %.2f | its speed-up |" % goal, "|---|---|---|---|---|---|---|---|",
              "| %s (one process) | 1 | none | %.1f | 1.00 | 1.00 | %s | 1.00 |" % (
                  BASELINE, one_host, "%.1f" % one_host_target if one_host_target else "n/a")]
     for (example, workers, label), metrics in results.items():
         rate = mini_batches_per_sec(metrics)
-        target = time_to_target(metrics)
+        target = time_to_target(metrics, goal)
         target_speed_up = (one_host_target / target) if target and one_host_target else None
         lines.append("| %s | %d | %s | %.1f | %.2f | %.2f | %s | %s |" % (
             example, workers, label, rate, rate / one_host, rate / one_host / workers,
@@ -218,7 +222,7 @@ def plot_speed_up(path, results, baseline, rates, counts):
 
 def main(argv=None, prog="scaling.py"):
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = parser(prog).parse_args(argv)
+    args = runs.parse_run_flags(parser(prog), argv)
     try:
         counts = worker_counts(args.workers)
         if args.quick:
@@ -249,7 +253,7 @@ def main(argv=None, prog="scaling.py"):
             bandwidth=label, cpus=args.cpus, who=who)
     os.makedirs(args.out, exist_ok=True)
     settings = dict(command=runs.command_line(prog, argv, sudo=True), cpus=args.cpus,
-                    steps=args.steps, batch_size=args.batch_size)
+                    steps=args.steps, batch_size=args.batch_size, target=args.target)
     table = write_table(os.path.join(args.out, "scaling.md"), results, baseline, settings)
     print(table)
     bounds = bounds_table(results, baseline)

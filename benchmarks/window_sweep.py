@@ -3,6 +3,11 @@
     python benchmarks/window_sweep.py                             # localhost
     sudo python benchmarks/window_sweep.py --bandwidth 20mbit     # every task a host of its own
     python benchmarks/window_sweep.py --quick                     # windows 1 and 4: a smoke run
+    python benchmarks/window_sweep.py --problem mnist1d --steps 2000 \
+        --examples DOWNPOUR,ADAG,DynSGD,EASGD,EAMSGD,AEASGD,DiLoCo   # MNIST-1D, about 45 min
+
+The last is the sweep issue 36 asks for: every windowed, elastic and DiLoCo example at windows
+1 to 32 with 4 workers, on MNIST-1D; 42 runs of about a minute each on 2 shared cores.
 
 Both examples train a local copy for a window of mini-batches between two exchanges with the
 ps, so a longer window sends less; they differ in what a push is. DOWNPOUR pushes the window's
@@ -33,14 +38,20 @@ import time
 import cluster  # benchmarks/cluster.py: rates, and what a machine needs for --bandwidth
 import shared  # benchmarks/shared.py: link rates and the one-line error
 import readme  # benchmarks/readme.py: the figures reach the READMEs only through here
-import runs  # benchmarks/runs.py: how every benchmark runs an example and reads its metrics
+import runs  # benchmarks/runs.py: how this benchmark runs an example and reads its metrics
 from runs import TARGET, mini_batches_per_sec, time_to_target
 
-EXAMPLES = ("DOWNPOUR", "ADAG")
+EXAMPLES = ("DOWNPOUR", "ADAG")  # the default, and the published digits table
+# every example with a --window: local steps between two exchanges with the ps (DiLoCo: inner
+# steps per round); those beyond DOWNPOUR and ADAG train at their own learning rates
+WINDOWED = EXAMPLES + ("DynSGD", "EASGD", "EAMSGD", "AEASGD", "DiLoCo")
 
 
 def train_args(example, window, learning_rate):
-    """The flags that make the two examples differ only in what a push is."""
+    """The flags that make DOWNPOUR and ADAG differ only in what a push is; the others get
+    only the window."""
+    if example not in EXAMPLES:
+        return ["--window", str(window)]
     args = ["--window", str(window), "--learning_rate", repr(learning_rate)]
     if example == "DOWNPOUR":  # the ps applies the summed gradients at the same rate
         args += ["--ps_optimizer", "sgd", "--ps_learning_rate", repr(learning_rate)]
@@ -65,13 +76,14 @@ def parse_windows(text):
 def write_table(path, results, windows, settings):
     """results: {example: {window: metrics}}; settings: what the last line states."""
     on_network = settings["bandwidth"] is not None
-    columns = ["example", "window", "final test accuracy", "seconds to %.2f" % TARGET,
+    target = settings.get("target", TARGET)  # the problem's (runs.TARGETS)
+    columns = ["example", "window", "final test accuracy", "seconds to %.2f" % target,
                "mini-batches/s", "pushes per worker"] + ["kB per mini-batch"] * on_network
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for example, by_window in results.items():
         for window in windows:
             m = by_window[window]
-            reach = time_to_target(m)
+            reach = time_to_target(m, target)
             cells = [example, str(window), "%.3f" % m["test_accuracy"],
                      "not reached" if reach is None else "%.1f" % reach,
                      "%.0f" % mini_batches_per_sec(m), "%.0f" % pushes_per_worker(m)]
@@ -85,6 +97,9 @@ def write_table(path, results, windows, settings):
                   "with %d CPU core(s)."
               % (settings["command"], settings["workers"], where, settings["learning_rate"],
                  settings["steps"], settings["batch_size"], os.cpu_count())]
+    others = [e for e in results if e not in EXAMPLES]
+    if others:
+        lines[-1] += " %s: their own learning rates." % ", ".join(others)
     text = "\n".join(lines)
     with open(path, "w") as f:
         f.write(text + "\n")
@@ -106,10 +121,11 @@ def plot(path, results, windows, settings):
         ax.minorticks_off()
         ax.set_xlabel("window (local mini-batches between two pushes)")
         ax.set_ylabel(label)
-    left.axhline(TARGET, color="gray", linestyle=":", linewidth=1)
+    left.axhline(settings.get("target", TARGET), color="gray", linestyle=":", linewidth=1)
     left.legend()
-    fig.suptitle("DOWNPOUR (SGD ps) and ADAG, %d workers, learning rate %g, %s" % (
-        settings["workers"], settings["learning_rate"], "links at " + settings["bandwidth"]
+    fig.suptitle("%s, %d workers, learning rate %g (DOWNPOUR, SGD ps; ADAG), %s" % (
+        ", ".join(results), settings["workers"], settings["learning_rate"],
+        "links at " + settings["bandwidth"]
         if settings["bandwidth"] else "localhost"))
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -119,10 +135,13 @@ def plot(path, results, windows, settings):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     p = runs.argparse_for("window_sweep.py", __doc__)
-    runs.add_run_flags(p)
+    runs.add_run_flags(p, problem=True)
     p.add_argument("--windows", default="1,2,4,8,16,32",
                    help="the windows to run (default: 1,2,4,8,16,32)")
     p.add_argument("--workers", type=int, default=4, help="workers per run (default: 4)")
+    p.add_argument("--examples", default=",".join(EXAMPLES),
+                   help="comma-separated, from %s (default: %s)"
+                        % (",".join(WINDOWED), ",".join(EXAMPLES)))
     p.add_argument("--learning_rate", type=float, default=0.5,
                    help="the workers' learning rate in both examples, and DOWNPOUR's ps's "
                         "(default: 0.5, ADAG's own)")
@@ -131,11 +150,16 @@ def main(argv=None):
                         "needs root (default: localhost, through run.sh)")
     p.add_argument("--quick", action="store_true",
                    help="windows 1 and 4, 300 steps: a smoke run that publishes nothing")
-    args = p.parse_args(argv)
+    args = runs.parse_run_flags(p, argv)
     if args.quick:
         args.windows, args.steps, args.eval_every = "1,4", 300, 20
     try:
         windows = parse_windows(args.windows)
+        examples = [e.strip() for e in args.examples.split(",") if e.strip()]
+        unknown = [e for e in examples if e not in WINDOWED]
+        if unknown or not examples:
+            raise ValueError("--examples: choose from %s; got %r"
+                             % (",".join(WINDOWED), args.examples))
         if args.workers < 1:
             raise ValueError("--workers must be at least 1, got %d" % args.workers)
         if args.bandwidth is not None:
@@ -145,7 +169,7 @@ def main(argv=None):
                 cluster.check_machine(needs_tc=rate is not None)
     except (ValueError, cluster.SetupError) as e:
         return shared.error(str(e))
-    plan = [(example, window) for example in EXAMPLES for window in windows]
+    plan = [(example, window) for example in examples for window in windows]
     results, started = {}, time.time()
     for i, (example, window) in enumerate(plan, 1):
         print("[%d/%d] %s, window %d, %d workers (%.0f s so far)" % (
@@ -160,7 +184,7 @@ def main(argv=None):
     settings = dict(command=runs.command_line("window_sweep.py", argv,
                                               sudo=args.bandwidth is not None),
                     workers=args.workers, learning_rate=args.learning_rate, steps=args.steps,
-                    batch_size=args.batch_size,
+                    batch_size=args.batch_size, target=args.target,
                     bandwidth=None if args.bandwidth is None else shared.format_rate(rate))
     table = write_table(os.path.join(args.out, "window_sweep.md"), results, windows, settings)
     print(table)

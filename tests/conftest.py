@@ -1,6 +1,7 @@
 """Helpers for tests that start real processes: every wait is bounded, nothing is left running."""
 import importlib.util
 import os
+import random
 import re
 import signal
 import socket
@@ -151,14 +152,27 @@ def assert_nothing_left(marker, grace=5.0):
 
 
 def free_ports(count):
-    """count distinct free ports: every probe stays bound until all are chosen (the kernel may
-    hand out a port again as soon as its probe closes, so ports picked one by one can repeat)."""
-    probes = [socket.socket() for _ in range(count)]
-    for probe in probes:
-        probe.bind(("localhost", 0))
+    """count distinct free ports, below the kernel's range of ephemeral ports: a port picked
+    there could be handed to another socket (a notebook kernel's, a gRPC client's) between our
+    choosing it and the server's binding it. Every probe stays bound until all are chosen."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        ephemeral_from = int(f.read().split()[0])
+    candidates = random.Random().sample(range(10000, ephemeral_from), 200)
+    probes = []
+    for port in candidates:
+        probe = socket.socket()
+        try:
+            probe.bind(("localhost", port))
+        except OSError:  # in use
+            probe.close()
+            continue
+        probes.append(probe)
+        if len(probes) == count:
+            break
     ports = [probe.getsockname()[1] for probe in probes]
     for probe in probes:
         probe.close()
+    assert len(ports) == count, "no %d free ports below %d" % (count, ephemeral_from)
     return ports
 
 

@@ -58,6 +58,7 @@ def test_compare_names_the_failed_example_and_its_log(tmp_path):
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 import bandwidth  # noqa: E402  (benchmarks/ is not a package)
 import compare  # noqa: E402
+import decision_table  # noqa: E402
 import runs  # noqa: E402
 import ps_sweep  # noqa: E402
 import scaling  # noqa: E402
@@ -203,6 +204,71 @@ def test_downpour_gets_an_sgd_ps_at_the_workers_rate_and_adag_only_the_window():
         "--window", "8", "--learning_rate", "0.1", "--ps_optimizer", "sgd",
         "--ps_learning_rate", "0.1"]
     assert window_sweep.train_args("ADAG", 8, 0.1) == ["--window", "8", "--learning_rate", "0.1"]
+
+
+def test_the_window_sweep_gives_the_elastic_examples_and_diloco_only_their_window(
+        monkeypatch, capsys, tmp_path):
+    assert window_sweep.train_args("EASGD", 16, 0.5) == ["--window", "16"]
+    assert window_sweep.train_args("DiLoCo", 4, 0.5) == ["--window", "4"]
+    no_runs(monkeypatch)
+    assert exit_code(window_sweep.main, ["--examples", "DOWNPOUR,Hogwild",
+                                         "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.startswith("error: --examples: choose from DOWNPOUR,ADAG,")
+
+
+def test_the_workers_table_shows_accuracy_and_staleness_at_each_count(tmp_path):
+    one, four = fake_metrics(100, accuracy=0.58), fake_metrics(90, accuracy=0.51)
+    four["mean_staleness"] = 2.5
+    text = compare.write_workers_table(str(tmp_path / "w.md"), {"Hogwild": {1: one, 4: four},
+                                                                "EASGD": {4: one}}, [1, 4])
+    assert text.splitlines()[0] == "| example | 1 worker(s) | 4 worker(s) |"
+    assert table_rows(text) == {"Hogwild": ["0.580", "0.510 (2.50)"], "EASGD": ["", "0.580"]}
+
+
+def mnist1d_metrics(reach):
+    """A chief's metrics on MNIST-1D that first reach 0.55 at reach seconds (None: never)."""
+    history = [[1.0, 10, 0.40], [2.0, 20, 0.50]] + ([[reach, 30, 0.56]] if reach else [])
+    return {"test_accuracy": 0.56 if reach else 0.50, "history": history}
+
+
+def test_the_decision_table_gives_each_rate_the_median_and_range_or_what_was_not_reached(
+        tmp_path):
+    results = {("DOWNPOUR", "unlimited"): [mnist1d_metrics(10.0), mnist1d_metrics(14.0)],
+               ("DOWNPOUR", "20mbit"): [mnist1d_metrics(30.0), None],  # one overran --timeout
+               ("Sync-SGD", "unlimited"): [mnist1d_metrics(20.0), mnist1d_metrics(22.0)],
+               ("Sync-SGD", "20mbit"): [mnist1d_metrics(None), mnist1d_metrics(None)]}
+    settings = dict(command="sudo python benchmarks/decision_table.py", target=0.55, repeats=2,
+                    problem="mnist1d", workers=3, cpus=0.4, batch_size=512, steps=900)
+    text = decision_table.write_table(
+        str(tmp_path / "d.md"), results, [mnist1d_metrics(40.0), mnist1d_metrics(44.0)],
+        [("unlimited", None), ("20mbit", 2 * 10 ** 7)], settings)
+    assert text.splitlines()[0] == "| example | s to 0.55, unlimited | s to 0.55, 20 Mbit/s |"
+    rows = table_rows(text)
+    assert rows["Non-Distributed-Setup (one process, one host)"] == ["42.0 (40.0-44.0)"] * 2
+    assert rows["DOWNPOUR"] == ["12.0 (10.0-14.0)", "1 of 2: 30.0"]
+    assert rows["Sync-SGD"] == ["21.0 (20.0-22.0)", "not reached"]
+    decision_table.plot(str(tmp_path / "d.png"), results, [mnist1d_metrics(40.0)],
+                        [("unlimited", None), ("20mbit", 2 * 10 ** 7)], 0.55)
+    assert (tmp_path / "d.png").read_bytes().startswith(PNG_SIGNATURE)
+
+
+def test_a_decision_table_run_that_overruns_is_not_reached_and_not_run_again(
+        monkeypatch, capsys, tmp_path):
+    starts = []
+
+    class Overruns:  # a run that never ends by itself
+        pid = 0
+
+        def __init__(self, command, **kwargs):
+            starts.append(command)
+    monkeypatch.setattr(runs.subprocess, "Popen", Overruns)
+    monkeypatch.setattr(runs, "wait_or_stop", lambda proc, timeout: None)
+    args = argparse_namespace(out=str(tmp_path), from_logs=False, steps=10, batch_size=64,
+                              eval_every=5, seed=0, timeout=1, data_path="")
+    assert runs.run_example("Sync-SGD", 3, args, "t", timeout_is_a_result=True) is None
+    assert len(starts) == 1 and "overran" in capsys.readouterr().err
+    args.from_logs = True  # a redraw counts it as not reached too
+    assert runs.run_example("Sync-SGD", 3, args, "t", timeout_is_a_result=True) is None
 
 
 def test_only_a_full_run_into_the_default_folder_publishes(tmp_path):

@@ -73,6 +73,13 @@ def test_a_rerun_with_the_same_log_dir_resumes_from_the_checkpoint(run_example, 
     one_worker = {"NUM_WORKERS": "1"}
     first = run_example("Distributed-Setup", "--steps", "300", log_dir=log_dir, env=one_worker)
     assert first.code == 0 and first.summary()["global_step"] == "300", first.output[-3000:]
+    # the parameters come back, not only the step: a rerun with nothing left to train
+    # evaluates the checkpointed parameters, and scores exactly what the first run scored
+    again = run_example("Distributed-Setup", "--steps", "300", log_dir=log_dir, env=one_worker)
+    assert again.code == 0, again.output[-3000:]
+    assert "resuming from the checkpoint at global step 300" in again.output
+    assert again.summary()["updates"] == "0"
+    assert again.summary()["test_accuracy"] == first.summary()["test_accuracy"]
     second = run_example("Distributed-Setup", "--steps", "500", log_dir=log_dir, env=one_worker)
     assert second.code == 0, second.output[-3000:]
     assert "resuming from the checkpoint at global step 300" in second.output
@@ -484,7 +491,8 @@ def batches_of(train, worker, num_workers, n):
     """The first n batches that one worker's pipeline yields, as sets of example ids."""
     import tensorflow as tf
     ids = np.arange(400)
-    data = train.Dataset(ids.reshape(-1, 1), ids, ids[:1].reshape(-1, 1), ids[:1], 1)
+    x = ids.reshape(-1, 1).astype(np.float32)  # the example's id as its one feature
+    data = train.Dataset(x, ids, x[:1], ids[:1])
     with tf.Graph().as_default():
         _, y = train.training_batches(data, 32, worker, num_workers, seed=0)
         with tf.compat.v1.Session() as s:

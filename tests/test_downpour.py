@@ -47,6 +47,23 @@ def test_downpour_local_params_drift_from_the_ps_between_pushes_and_equal_it_aft
     assert_same(values(s, ops.local_params), after_push)
 
 
+def test_downpour_push_and_pull_leaves_the_local_copy_equal_to_the_ps_and_starts_afresh():
+    # the training loop's one call per window: the push lands, then the pull reads what it left
+    cluster, (worker,) = in_process_cluster()
+    args = flags(downpour, "--window", "3")
+    ops, s = one_worker_session(downpour.build_downpour, args, cluster, worker)
+    for push in (1, 2, 3):
+        start = values(s, ops.global_params)
+        for _ in range(args.window):
+            s.run(ops.local_step)
+        assert s.run(ops.push_and_pull) == push
+        after = values(s, ops.global_params)
+        assert differs(after, start), "the push should move the ps"
+        assert_same(values(s, ops.local_params), after)
+        for name, a in values(s, ops.accumulated_gradients).items():
+            assert not a.any(), name  # the next window accumulates from zero
+
+
 def test_downpour_pushes_the_accumulated_gradient_through_adagrad_on_the_ps():
     cluster, (worker,) = in_process_cluster()
     args = flags(downpour, "--window", "4", "--learning_rate", "0.05", "--ps_learning_rate", "0.2")
@@ -83,7 +100,8 @@ def test_downpour_local_adagrad_scales_each_step_by_the_squared_gradients_so_far
 def test_downpour_every_local_step_uses_a_new_batch():
     # Example ids as the only feature: the batch a local step trained on is visible in x.
     ids = np.arange(400)
-    data = downpour.Dataset(ids.reshape(-1, 1), ids % 10, ids[:1].reshape(-1, 1), ids[:1], 1)
+    x = ids.reshape(-1, 1).astype(np.float32)
+    data = downpour.Dataset(x, ids % 10, x[:1], ids[:1])
     cluster, (worker,) = in_process_cluster()
     args = flags(downpour, "--window", "4", "--batch_size", "32")
     with tf.Graph().as_default() as graph:

@@ -115,6 +115,76 @@ def test_concurrent_pushes_are_each_scaled_by_the_staleness_they_really_had():
     assert total > 0, "the workers never overlapped: nothing stale was checked"
 
 
+def ops_holding_the_lock(graph):
+    """The ops that run while a worker holds the lock: those after a MutexLock and before the
+    ConsumeMutexLock that releases it (each critical section's execution on its own)."""
+    ops = graph.get_operations()
+    consumers = {}
+    for op in ops:
+        for source in [t.op for t in op.inputs] + list(op.control_inputs):
+            consumers.setdefault(source.name, []).append(op)
+
+    def reachable(start, step):
+        seen, todo = set(), [start]
+        while todo:
+            for nxt in step(todo.pop()):
+                if nxt.name not in seen:
+                    seen.add(nxt.name)
+                    todo.append(nxt)
+        return seen
+    held = set()
+    for lock in (op for op in ops if op.type == "MutexLock"):
+        after = reachable(lock, lambda op: consumers.get(op.name, []))
+        release = [graph.get_operation_by_name(n) for n in after
+                   if graph.get_operation_by_name(n).type == "ConsumeMutexLock"]
+        before = set().union(*(reachable(r, lambda op: [t.op for t in op.inputs]
+                                         + list(op.control_inputs)) for r in release))
+        held |= after & before
+    return held
+
+
+def test_while_a_worker_holds_the_lock_only_the_ps_works():
+    # a traced push-and-pull: every op the lock guards ran on the ps, so the lock is never held
+    # across a network hop (the change crosses before it is taken, the pulled values after)
+    cluster, (worker,) = in_process_cluster()
+    ops, s = one_worker_session(dynsgd.build_dynsgd, flags(dynsgd), cluster, worker)
+    s.run(ops.pull)
+    window(s, ops)
+    metadata = tf.compat.v1.RunMetadata()
+    s.run(ops.push_and_pull, options=tf.compat.v1.RunOptions(
+        trace_level=tf.compat.v1.RunOptions.FULL_TRACE), run_metadata=metadata)
+    held = ops_holding_the_lock(s.graph)
+    ran = [(d.device, n.node_name) for d in metadata.step_stats.dev_stats for n in d.node_stats
+           if n.node_name in held]
+    assert any("AssignAdd" in name for _, name in ran), "the traced step ran no push"
+    off_the_ps = sorted({name for device, name in ran if "/job:ps/" not in device})
+    assert not off_the_ps, "ran under the lock off the ps: %s" % off_the_ps
+    # and nothing it reads is still on its way from the worker when the lock is taken
+    from_the_worker = sorted({"%s <- %s" % (name, t.op.name) for name in held
+                              for t in s.graph.get_operation_by_name(name).inputs
+                              if "/job:worker" in t.op.device})
+    assert not from_the_worker, "read under the lock from the worker: %s" % from_the_worker
+
+
+def test_a_push_after_a_clock_restored_behind_the_pull_lands_whole_and_never_divides_by_0():
+    # a chief restored from an older checkpoint can leave the clock behind the pull a worker
+    # noted: staleness clock - pulled_at would be negative, and at -1 the scale 1 / 0
+    cluster, (worker,) = in_process_cluster()
+    ops, s = one_worker_session(dynsgd.build_dynsgd, flags(dynsgd), cluster, worker)
+    s.run(ops.pull)
+    for ahead in (1, 3):
+        with s.graph.as_default():
+            s.run(ops.pulled_at.assign([s.run(ops.global_step) + ahead]))
+        before = values(s, ops.global_params)
+        change = window(s, ops)
+        s.run(ops.push)
+        for name, theta in values(s, ops.global_params).items():
+            assert np.all(np.isfinite(theta)), name
+            np.testing.assert_allclose(theta - before[name], change[name], rtol=1e-4, atol=1e-7)
+        s.run(ops.pull)
+    assert s.run(ops.staleness_sum) == 0
+
+
 # --- End to end through run.sh --------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def default_run(tmp_path_factory):

@@ -1,6 +1,7 @@
 """Model-Parallel-Pipeline: the split model computes what the whole model does, M micro-batches
 make the update of one, every layer's variables and work stay on its stage's task, each stage's
 busy time is measured, and a run over two tasks trains to the bar and ends by itself."""
+import itertools
 import os
 import subprocess
 import sys
@@ -48,12 +49,39 @@ def assert_all_close(a, b):
         np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6, err_msg="variable %d" % i)
 
 
-def test_each_stage_gets_an_equal_share_of_the_weights_as_near_as_whole_layers_allow():
+def largest_stage(sizes, stage_of):
+    weights = [a * b for a, b in zip(sizes, sizes[1:])]
+    return max(sum(w for w, s in zip(weights, stage_of) if s == stage)
+               for stage in set(stage_of))
+
+
+def every_split(layers, stages):
+    """Every way to cut layers consecutive layers into stages runs of at least one layer."""
+    for cuts in itertools.combinations(range(1, layers), stages - 1):
+        bounds = (0,) + cuts + (layers,)
+        yield [s for s in range(stages) for _ in range(bounds[s], bounds[s + 1])]
+
+
+def test_each_stage_gets_a_run_of_whole_layers_and_the_largest_stage_is_as_small_as_can_be():
     module = load_train_module(EXAMPLE)
     sizes = [64] + [256] * 5 + [10]  # the default model: 4 square matrices between two thin
     assert module.stage_of_each_layer(sizes, 2) == [0, 0, 0, 1, 1, 1]
     assert module.stage_of_each_layer(sizes, 4) == [0, 0, 1, 2, 3, 3]
     assert module.stage_of_each_layer(sizes, 1) == [0] * 6
+    # as many stages as layers: a layer each (no stage only relays what it is given)
+    assert module.stage_of_each_layer(sizes, 6) == [0, 1, 2, 3, 4, 5]
+    # --layers 6 on 3 stages: 16k+65k | 65k+65k | 65k+65k+3k, the largest 134k, not 147k
+    six = [64] + [256] * 6 + [10]
+    assert largest_stage(six, module.stage_of_each_layer(six, 3)) == 65536 * 2 + 2560
+    rng = np.random.default_rng(0)
+    for _ in range(30):  # against every possible split of random models
+        sizes = rng.integers(1, 50, rng.integers(2, 9)).tolist()
+        layers = len(sizes) - 1
+        for stages in range(1, layers + 1):
+            stage_of = module.stage_of_each_layer(sizes, stages)
+            assert stage_of in list(every_split(layers, stages)), (sizes, stage_of)
+            assert largest_stage(sizes, stage_of) == min(
+                largest_stage(sizes, split) for split in every_split(layers, stages))
 
 
 def test_the_split_models_loss_and_gradients_equal_the_unsplit_models():
@@ -111,6 +139,35 @@ def test_a_stage_waits_for_its_own_previous_micro_batch_and_never_for_the_next_s
         assert any(n.startswith("stage0/micro%d/" % m) for n in ancestors(first_op(1, m)))
 
 
+def test_in_a_traced_step_stage_1_works_on_a_micro_batch_while_stage_0_works_on_the_next():
+    # GPipe's overlap, seen in time: within a step, some forward op of stage 1 on micro-batch
+    # m runs while one of stage 0 on m + 1 runs (two logical CPUs; one step may happen not to
+    # overlap on a busy machine, so up to 20 traced steps)
+    import tensorflow as tf
+    module, args, graph, pipeline, init = pipeline_graph(
+        "--devices", "2", "--micro_batches", "4", "--hidden", "1024", batch=1024)
+
+    def forward_spans(metadata, stage, m):
+        prefix = "stage%d/micro%d/" % (stage, m)
+        return [(op.all_start_micros, op.all_start_micros + op.all_end_rel_micros)
+                for device in metadata.step_stats.dev_stats for op in device.node_stats
+                if op.node_name.startswith(prefix)]
+
+    def overlap(a, b):
+        return any(s1 < e2 and s2 < e1 for s1, e1 in a for s2, e2 in b)
+    with tf.compat.v1.Session(graph=graph, config=module.task_config(args)) as session:
+        session.run(init)
+        for _ in range(20):
+            metadata = tf.compat.v1.RunMetadata()
+            session.run(pipeline.step, options=tf.compat.v1.RunOptions(
+                trace_level=tf.compat.v1.RunOptions.FULL_TRACE), run_metadata=metadata)
+            assert forward_spans(metadata, 1, 3), "the trace has no forward op of stage 1"
+            if any(overlap(forward_spans(metadata, 1, m), forward_spans(metadata, 0, m + 1))
+                   for m in range(3)):
+                return
+    pytest.fail("in 20 steps stage 1 never worked while stage 0 took the next micro-batch")
+
+
 def test_each_layer_lives_and_works_on_its_stages_task():
     import tensorflow as tf
     module = load_train_module(EXAMPLE)
@@ -147,6 +204,27 @@ def test_covered_time_counts_overlapping_intervals_once():
     module = load_train_module(EXAMPLE)
     assert module.covered([]) == 0
     assert module.covered([(0, 10), (5, 15), (20, 30), (21, 22)]) == 25
+
+
+def test_a_stages_busy_time_is_its_devices_work_gpu_streams_included_never_its_waits():
+    # a traced step as TensorFlow logs it: 100 us long; stage 0's GPU ran kernels for 40 us
+    # (logged under its stream) after 10 us of launches; stage 1 waited 50 us for a tensor,
+    # then its kernels ran 50 us on one stream, also logged under stream:all
+    from tensorflow.core.framework import step_stats_pb2
+    module = load_train_module(EXAMPLE)
+    clock = module.StageClock(["/job:worker/task:0/device:GPU:0",
+                               "/job:worker/task:1/device:GPU:0"])
+    step = step_stats_pb2.StepStats()
+    for device, name, start, length in [
+            ("/job:worker/replica:0/task:0/device:GPU:0", "stage0/micro0/MatMul", 0, 10),
+            ("/job:worker/replica:0/task:0/device:GPU:0/stream:all", "MatMul", 5, 40),
+            ("/job:worker/replica:0/task:1/device:GPU:0", "RecvTensor", 0, 50),
+            ("/job:worker/replica:0/task:1/device:GPU:0/stream:7", "MatMul", 50, 50),
+            ("/job:worker/replica:0/task:1/device:GPU:0/stream:all", "MatMul", 50, 50)]:
+        stats = step.dev_stats.add(device=device).node_stats.add(node_name=name)
+        stats.all_start_micros, stats.all_end_rel_micros = start, length
+    clock.count(step)
+    assert clock.fractions() == [0.45, 0.5]
 
 
 def summary_of(stdout):

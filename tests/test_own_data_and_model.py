@@ -4,7 +4,7 @@ floats, integer pixels are scaled, images keep their shape), and a malformed one
 one line before TensorFlow loads.
 
 The full matrix of substitutions and folders is marked `substitutions` (left out by default);
-the default run covers each folder once:
+the default run covers each substitution and each family of plumbing:
 
     python -m pytest tests/test_own_data_and_model.py -m substitutions
 """
@@ -135,22 +135,22 @@ def model_metrics(params, x, y):
     return {"accuracy": tf.reduce_mean(tf.cast(correct, tf.float32))}
 '''
 
-# what each substitution replaces, and what its run must reach (from measured runs: see the
-# closing note of the change that added this file; each bar leaves room below the medians)
+# what each substitution replaces, and what its run of 1200 mini-batches must reach: measured
+# over the 21 cases (python -m pytest -m substitutions tests/test_own_data_and_model.py -rP),
+# floats 0.967-0.972, regression test_mse 0.0047-0.0058, images 0.888-0.933
 SUBSTITUTIONS = {
     "floats_with_negatives": dict(data=STANDARDISED_DATA, model=None,
-                                  bar=("test_accuracy", ">=", 0.90)),
+                                  bar=("test_accuracy", ">=", 0.93)),
     "regression": dict(data=REGRESSION_DATA, model=regression_model(),
-                       bar=("test_mse", "<=", 0.10)),
+                       bar=("test_mse", "<=", 0.02)),
     "images_and_a_convolution": dict(data=IMAGE_DATA, model=CONV_MODEL,
                                      bar=("test_accuracy", ">=", 0.85)),
 }
 FOLDERS = ["Distributed-Setup", "DOWNPOUR", "Sync-SGD", "EASGD", "DiLoCo",
            "ParameterServerStrategy", "MultiWorkerMirroredStrategy"]
-DEFAULT_RUN = {  # each folder once in the default run, each substitution more than once
+DEFAULT_RUN = {  # each substitution and each family of appendix (classic, TensorFlow 2's two)
     ("Distributed-Setup", "images_and_a_convolution"), ("DOWNPOUR", "regression"),
-    ("Sync-SGD", "floats_with_negatives"), ("EASGD", "images_and_a_convolution"),
-    ("DiLoCo", "regression"), ("ParameterServerStrategy", "floats_with_negatives"),
+    ("Sync-SGD", "floats_with_negatives"), ("ParameterServerStrategy", "regression"),
     ("MultiWorkerMirroredStrategy", "images_and_a_convolution")}
 
 
@@ -195,7 +195,8 @@ def test_a_copied_folder_trains_on_its_own_data_and_model_with_the_plumbing_unch
     assert copy[copy.index(BANNER):] == original[original.index(BANNER):]
     run = run_copy(folder, ["--steps", "1200", "--log_dir", str(tmp_path / "logs")])
     assert_nothing_left(folder)
-    assert run.code == 0, run.output[-3000:]
+    errors = [line for line in run.output.splitlines() if "error" in line.lower()]
+    assert run.code == 0, "\n".join(errors[:10]) + "\n...\n" + run.output[-2000:]
     key, direction, bar = substitution["bar"]
     reached = float(run.summary()[key])
     print("%s %s: %s=%.4f" % (example, name, key, reached))  # the figures behind the bars

@@ -5,6 +5,8 @@ import os
 import signal
 import time
 
+import numpy as np
+
 from conftest import (ACCURACY_BAR, assert_nothing_left, assert_one_sgd_step_of, error_lines,
                       finish, free_ports, one_strategy_step, read_until, run_train,
                       run_train_noting_tensorflow, start_example)
@@ -17,6 +19,24 @@ def test_a_scheduled_step_moves_the_parameters_by_the_learning_rate_times_the_gr
     ports = ",".join(map(str, free_ports(3)))
     (step,) = one_strategy_step(EXAMPLE, ports)
     assert_one_sgd_step_of(step, EXAMPLE, learning_rate=0.1)
+
+
+def test_each_worker_reads_its_own_shard_and_no_example_is_read_by_both():
+    # two workers, a mini-batch the size of a shard: whichever worker a call lands on, it
+    # reads its whole shard, reshuffled; the two shards share no example and cover them all
+    ports = ",".join(map(str, free_ports(4)))
+    (step,) = one_strategy_step("ParameterServerStrategy-two-workers", ports)
+    scaled = step["x"]  # the features as the model takes them
+    index_of = {row.tobytes(): i for i, row in enumerate(scaled)}
+    assert len(index_of) == len(scaled), "two examples alike: the test cannot tell them apart"
+    read = {0: set(), 1: set()}
+    for worker, batch in zip(step["worker"], step["batches"]):
+        rows = {index_of[row.tobytes()] for row in batch}
+        assert len(rows) == len(batch)  # a whole shard, each example once
+        read[int(worker)] |= rows
+    assert read[0] and read[1], "the coordinator used one worker only: %s" % step["worker"]
+    assert not read[0] & read[1], "examples read by both workers: %s" % sorted(read[0] & read[1])
+    assert read[0] | read[1] == set(range(len(scaled)))
 
 
 def test_the_coordinator_trains_to_the_bar_and_every_process_ends_by_itself(run_example):

@@ -8,8 +8,8 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import (ROOT, error_lines, finish, free_ports, load_train_module, run_train,
-                      start_example, assert_nothing_left)
+from conftest import (ROOT, error_lines, finish, free_ports, load_train_module,
+                      one_strategy_step, run_train, start_example, assert_nothing_left)
 from test_cluster import missing_for_namespaces
 
 EXAMPLE = "Sparse-Embeddings"
@@ -87,6 +87,30 @@ def test_a_step_changes_only_the_rows_of_the_ids_in_its_batch():
     for name in tables:
         changed = np.nonzero(np.any((after[name] != before[name]).reshape(640, -1), axis=1))[0]
         assert set(changed.tolist()) == touched, name
+
+
+def test_every_slice_of_the_embeddings_starts_from_its_own_draw():
+    """Three ps: no row of one slice starts equal to a row of another (one seed for every
+    slice's initializer made rows r, r + R/3 and r + 2R/3 start alike)."""
+    import tensorflow as tf
+    module = load_train_module(EXAMPLE)
+    ports = free_ports(4)
+    cluster = {"ps": ["localhost:%d" % p for p in ports[:3]], "worker": ["localhost:%d" % ports[3]]}
+    spec = tf.compat.v1.train.ClusterSpec(cluster)
+    servers = [tf.compat.v1.train.Server(spec, job_name=job, task_index=i, start=True)
+               for job, i in (("ps", 0), ("ps", 1), ("ps", 2), ("worker", 0))]
+    args = module.parse_flags(["--rows", "600", "--dim", "4"], module.example_flags)
+    with tf.Graph().as_default() as graph:
+        sgd = module.build_sparse_sgd(args, cluster, tf.constant([[1, 2]], tf.int64),
+                                      tf.constant([1.0]))
+        init = tf.compat.v1.global_variables_initializer()
+    with tf.compat.v1.Session(servers[3].target, graph=graph) as session:
+        session.run(init)
+        slices = session.run(list(sgd.global_params["embeddings"]))
+    assert [s.shape for s in slices] == [(200, 4)] * 3
+    table = np.concatenate(slices)
+    assert len(np.unique(table, axis=0)) == 600, "rows of different slices start alike"
+    assert 0.08 < table.std() < 0.12  # still N(0, 0.1)
 
 
 def test_the_hash_spreads_the_lookups_over_four_slices_within_20_percent():
@@ -185,26 +209,67 @@ def test_data_path_is_refused_in_one_line():
 def test_tensorflow_2_slices_each_table_over_the_ps_and_resumes_into_another_count(tmp_path):
     """Sparse-Embeddings-TF2: ShardedVariables from the strategy's variable_partitioner, a slice
     on each ps; the clicks ranked above chance; a checkpoint of 2 ps resumes on 3 and ranks the
-    test pairs exactly as before; every process ends by itself."""
+    test pairs exactly as before, then trains on, every one of the 3 slices; every process ends
+    by itself."""
+    import tensorflow as tf
     logs = str(tmp_path / "logs")
 
-    def run(ps):
+    def run(ps, steps):
         run = finish(start_example("Sparse-Embeddings-TF2", [
-            "--log_dir", logs, "--rows", "100000", "--steps", "300", "--log_every", "100"],
+            "--log_dir", logs, "--rows", "100000", "--steps", str(steps), "--log_every", "100"],
             env={"NUM_PS": str(ps), "NUM_WORKERS": "1"}), timeout=180)
         assert run.code == 0, run.output[-3000:]
         assert "[run.sh] all processes finished" in run.output
         return run, run.summary()
-    first_run, first = run(2)
+
+    def embeddings():  # the table in the newest checkpoint, whole
+        reader = tf.train.load_checkpoint(logs)
+        (key,) = [k for k in reader.get_variable_to_shape_map()
+                  if k.startswith("embeddings/") and "OPTIMIZER" not in k]
+        return reader.get_tensor(key)
+    first_run, first = run(2, 300)
     assert "[chief0] embeddings [100000, 32] on /job:ps/replica:0/task:0, " \
         "/job:ps/replica:0/task:1" in first_run.output
     assert first["global_step"] == "300" and float(first["test_auc"]) > 0.6
-    second_run, second = run(3)
+    second_run, second = run(3, 300)
     assert "[chief0] embeddings [100000, 32] on /job:ps/replica:0/task:0, " \
         "/job:ps/replica:0/task:1, /job:ps/replica:0/task:2" in second_run.output
     assert "[chief0] resuming from the checkpoint at global step 300" in second_run.output
     assert second["updates"] == "0" and second["test_auc"] == first["test_auc"]
+    restored = embeddings()
+    third_run, third = run(3, 400)  # on the 3 slices, 100 mini-batches more
+    assert "[chief0] resuming from the checkpoint at global step 300" in third_run.output
+    assert third["updates"] == "100" and third["global_step"] == "400"
+    assert float(third["test_auc"]) > 0.6 and third["test_auc"] != second["test_auc"]
+    changed = np.nonzero(np.any(embeddings() != restored, axis=1))[0]
+    assert set(np.unique(changed * 3 // 100000).tolist()) == {0, 1, 2}, \
+        "rows changed in the slices %s of 3" % sorted(set(changed * 3 // 100000))
     assert_nothing_left(str(tmp_path))
+
+
+def test_tensorflow_2_a_step_changes_only_the_rows_looked_up_in_both_slices():
+    """Sparse-Embeddings-TF2: one scheduled step on a table of 2 slices over 2 ps changes, in
+    each table, exactly the rows of the mini-batch's ids, in whichever slice they sit."""
+    (step,) = one_strategy_step("Sparse-Embeddings-TF2", ",".join(map(str, free_ports(4))))
+    assert str(step["error"]) == "" and int(step["slices"]) == 2
+    rows = int(step["rows"])
+    touched = set(load_train_module(EXAMPLE).rows_of(step["ids"], rows).ravel().tolist())
+    assert {r // (rows // 2) for r in touched} == {0, 1}  # rows in both slices
+    for name in ("embeddings", "linear"):
+        moved = step["after_" + name] != step["before_" + name]
+        changed = np.nonzero(moved.reshape(rows, -1).any(axis=1))[0]
+        assert set(changed.tolist()) == touched, name
+
+
+def test_tensorflow_2_a_table_slice_with_a_dense_gradient_fails_loudly():
+    """A model that reads a table whole gives its slices dense gradients: each step would move
+    every row of the table. The step refuses it in one message naming the slice."""
+    (step,) = one_strategy_step("Sparse-Embeddings-TF2", ",".join(map(str, free_ports(4))),
+                                "dense")
+    error = str(step["error"])
+    assert "TypeError: the gradient of table slice embeddings/part_0" in error and \
+        "tf.nn.embedding_lookup" in error, error
+    np.testing.assert_array_equal(step["after_embeddings"], step["before_embeddings"])
 
 
 @pytest.mark.benchmark

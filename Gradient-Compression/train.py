@@ -1,0 +1,1115 @@
+"""Gradient-Compression: synchronous SGD whose messages are compressed both ways (top-k with error
+feedback, random-k, QSGD, signSGD, PowerSGD).
+
+What it teaches
+    Sync-SGD's step with small messages. A worker adds what its earlier messages missed (its
+    residual) to its update, pushes a compressed message of it to the ps and keeps what this one
+    misses; the ps decodes the N messages, sums them, divides by N, compresses the mean again
+    and sends that back; every worker decodes it and moves its own copy of the parameters, so
+    no dense tensor crosses the network but a resynchronisation every --resync steps.
+
+The update rule (step t, N workers, C a compressor, lr_eff = N * learning_rate as in Sync-SGD)
+    worker k:  p_k <- lr_eff * grad L(local_params_k; next mini-batch of k) + e_k
+               push m_k = C(p_k);   e_k <- p_k - decode(m_k)                 (error feedback)
+    the ps:    u <- (1/N) sum_k decode(m_k) + e_ps
+               reply r = C(u);   e_ps <- u - decode(r);   global_params -= decode(r)
+    worker k:  pull r;   local_params_k -= decode(r)            (every copy takes the same step)
+               every --resync steps: local_params_k <- global_params         (a dense pull)
+    random-k draws the same coordinates on every worker and QSGD rounds at random: both are
+    unbiased and run without error feedback (e = 0). Random-k and PowerSGD are linear, so the
+    reply is the mean of the messages, exact. PowerSGD, per matrix M_k = p_k (Q kept from the
+    last step): push P_k = M_k Q; pull P = orthonormal(mean P_k); push Q_k = M_k^T P; pull
+    Q = mean Q_k; C(p_k) = P Q_k^T, the reply's decode P Q^T; vectors go dense.
+
+Run it
+    bash run.sh                                        # top-k 1%, error feedback, 1 ps + 2 workers
+    bash run.sh --compressor topk --no-error_feedback  # watch top-k degrade without it
+    bash run.sh --compressor powersgd --rank 2
+    By hand or with TF_CONFIG: as in ../Distributed-Setup.
+
+Use your own model: edit the sections marked "(replace with your own)", Data and Model.
+
+References
+    Y. Lin et al., "Deep Gradient Compression", ICLR 2018. S. U. Stich, J.-B. Cordonnier,
+    M. Jaggi, "Sparsified SGD with Memory", NeurIPS 2018. D. Alistarh et al., "QSGD", NeurIPS
+    2017. J. Bernstein et al., "signSGD with Majority Vote", ICLR 2019. S. P. Karimireddy et al.,
+    "Error Feedback Fixes SignSGD", ICML 2019. T. Vogels, S. P. Karimireddy, M. Jaggi, "PowerSGD",
+    NeurIPS 2019. H. Tang et al., "DoubleSqueeze" (compressing both ways), ICML 2019.
+"""
+import argparse
+import collections
+import json
+import math
+import os
+import socket
+import sys
+import time
+
+import numpy as np
+
+tf = None  # loaded once the flags are checked: bad input fails in one line, at once
+EXAMPLE = "Gradient-Compression"
+JOBS = ("ps", "worker")  # the jobs of its cluster; deploy/ and the tests read them here
+
+
+def example_flags(parser):
+    parser.add_argument("--compressor", default="topk", choices=sorted(COMPRESSORS))
+    parser.add_argument("--ratio", type=float, default=0.01,
+                        help="topk, randk: the fraction of each tensor's entries sent")
+    parser.add_argument("--levels", type=int, default=127, help="qsgd: s, at most 127 (int8)")
+    parser.add_argument("--rank", type=int, default=2, help="powersgd: r")
+    parser.add_argument("--error_feedback", action=argparse.BooleanOptionalAction, default=True,
+                        help="keep what a message missed and send it later (biased compressors)")
+    parser.add_argument("--resync", type=int, default=500,
+                        help="every N steps each worker copies the ps's parameters (dense)")
+    parser.add_argument("--step_timeout", type=float, default=30,
+                        help="seconds a step may wait for the other workers before failing")
+
+
+# --- Data (replace with your own) -----------------------------------------------------------------
+# >>> shared: data
+Dataset = collections.namedtuple("Dataset", "x_train y_train x_test y_test")
+
+
+def load_dataset(data_path=""):
+    """The arrays to train and test on, as the model takes them: by default scikit-learn's 1797
+    handwritten 8x8 digits (offline; a fixed fifth to test), rows of 64 pixels scaled from 0-16
+    to [0, 1], labels 0-9; or the arrays of the .npz file at data_path (read_npz, below the
+    banner, checks them and scales integer pixels)."""
+    if data_path:
+        return Dataset(*read_npz(data_path, num_classes=10))
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+    x, y = load_digits(return_X_y=True)
+    x_train, x_test, y_train, y_test = train_test_split(x, y, test_size=0.2, random_state=0,
+                                                        stratify=y)
+    return Dataset((x_train / 16).astype(np.float32), y_train.astype(np.int64),
+                   (x_test / 16).astype(np.float32), y_test.astype(np.int64))
+
+
+def training_dataset(data, batch_size, worker_index, num_workers, seed):
+    """This worker's endless stream of mini-batches: its own shard of the training set (no two
+    workers share an example), reshuffled every epoch."""
+    ds = tf.data.Dataset.from_tensor_slices((data.x_train, data.y_train))
+    ds = ds.shard(num_workers, worker_index)
+    ds = ds.shuffle(len(data.x_train) // num_workers + 1, seed=seed * 1000 + worker_index)
+    return ds.repeat().batch(batch_size, drop_remainder=True).prefetch(2)
+# <<< shared: data
+
+
+# >>> shared: graph batches
+def training_batches(data, batch_size, worker_index, num_workers, seed):
+    """The next mini-batch of training_dataset, as tensors of the graph (no feed_dict)."""
+    ds = training_dataset(data, batch_size, worker_index, num_workers, seed)
+    return tf.compat.v1.data.make_one_shot_iterator(ds).get_next()
+# <<< shared: graph batches
+
+
+# --- Model (replace with your own) ----------------------------------------------------------------
+# >>> shared: model
+def model_params(input_shape, hidden, seed, num_classes=10):
+    """The MLP's variables, made under the current device scope (the ps, in the examples), for
+    examples of input_shape (a row of features, or an image that the MLP reads as one row)."""
+    glorot = lambda i: tf.compat.v1.glorot_uniform_initializer(seed=seed * 10 + i)
+    zeros = tf.compat.v1.zeros_initializer()
+    features = int(np.prod(input_shape))
+    return {"w1": tf.compat.v1.get_variable("w1", [features, hidden], initializer=glorot(1)),
+            "b1": tf.compat.v1.get_variable("b1", [hidden], initializer=zeros),
+            "w2": tf.compat.v1.get_variable("w2", [hidden, num_classes], initializer=glorot(2)),
+            "b2": tf.compat.v1.get_variable("b2", [num_classes], initializer=zeros)}
+
+
+def model_logits(params, x):
+    rows = tf.reshape(x, [-1, int(np.prod(x.shape[1:]))])  # an image becomes one row
+    hidden = tf.nn.relu(tf.matmul(rows, params["w1"]) + params["b1"])
+    return tf.matmul(hidden, params["w2"]) + params["b2"]
+
+
+def model_loss(params, x, y):
+    """What training minimises: the mean cross-entropy over a mini-batch."""
+    return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+        labels=y, logits=model_logits(params, x)))
+
+
+def model_metrics(params, x, y):
+    """What the chief reports on the test set, by name: each a mean over a batch of examples."""
+    correct = tf.equal(tf.argmax(model_logits(params, x), 1), y)
+    return {"accuracy": tf.reduce_mean(tf.cast(correct, tf.float32))}
+# <<< shared: model
+
+
+# --- The algorithm --------------------------------------------------------------------------------
+GradientCompression = collections.namedtuple("GradientCompression", (
+    "global_params local_params global_step loss step resync update residuals ps_residuals "
+    "p sent error_feedback push_bytes pull_bytes"))
+PS = "/job:ps/task:0"  # where the messages meet: the queues and the ps's residual
+
+
+def build_gradient_compression(args, task_index, workers, global_params, loss_of):
+    """This worker's ops. step: one synchronous step (its value: the loss and the new global
+    step); the chief's step also makes the reply, on the ps. resync: local_params <-
+    global_params. loss_of(params) is the model's loss on this worker's next mini-batch."""
+    compressor = COMPRESSORS[args.compressor](args)
+    error_feedback = args.error_feedback and compressor.biased  # unbiased ones keep none
+    with tf.compat.v1.device(PS):
+        global_step = tf.compat.v1.train.get_or_create_global_step()
+        first_seed = global_step.read_value() * len(global_params)  # a seed per step and tensor
+        ps_residuals = {n: tf.compat.v1.Variable(tf.zeros(v.shape), trainable=False,
+                                                 name="ps_residual_" + n)
+                        for n, v in global_params.items()}
+    with tf.compat.v1.device("/job:worker/task:%d" % task_index):
+        local_params = worker_variables("local", global_params, lambda v: v.read_value())
+        residuals = worker_variables("residual", global_params, lambda v: tf.zeros(v.shape))
+        loss = loss_of(local_params)
+        gradients = tf.gradients(loss, list(local_params.values()))
+        learning_rate = args.learning_rate * workers  # the linear scaling rule, as in Sync-SGD
+        p = {n: learning_rate * g + residuals[n] for n, g in zip(local_params, gradients)}
+        seeds = random_seeds(args.seed, first_seed, sorted(p))
+        wire = Wire(task_index, workers, seeds, error_feedback, ps_residuals,
+                    lambda update, reply: apply_on_ps(global_params, global_step, update, reply))
+        round_trips = powersgd_round_trips if args.compressor == "powersgd" else one_round_trip
+        sent, update, push_bytes, pull_bytes = round_trips(compressor, p, wire)
+        kept = []
+        if error_feedback:  # keep what the message missed, to send it later
+            kept = [residuals[n].assign(p[n] - sent[n], read_value=False) for n in p]
+        with tf.control_dependencies(kept + [local_params[n].assign_sub(update[n], read_value=False)
+                                             for n in update]):
+            step = tf.identity(loss), global_step.read_value()  # t + 1: the reply was applied
+        resync = tf.group([local_params[n].assign(v.read_value(), read_value=False)
+                           for n, v in global_params.items()])
+    return GradientCompression(global_params, local_params, global_step, loss, step, resync,
+                               update, residuals, ps_residuals, p, sent, error_feedback,
+                               push_bytes, pull_bytes)
+
+
+# What the round trips share: this worker's place, the step's random seeds, and what the ps
+# keeps and does once a step's reply is made (apply_on_ps(update, reply) -> the reply, after).
+Wire = collections.namedtuple("Wire", "task_index workers seeds error_feedback ps_residuals "
+                                      "apply_on_ps")
+
+
+def one_round_trip(compressor, p, wire):
+    """Push C(p), pull the reply. Returns (sent: decode of this worker's message, update: decode
+    of the reply, the bytes pushed, the bytes pulled)."""
+    shapes = {n: x.shape for n, x in p.items()}
+    shared = wire.seeds(0)  # the same on every task: random-k's coordinates, and decoding
+    own = wire.seeds(1 + wire.task_index) if compressor.own_draws else shared
+    message = {n: compressor.encode(x, own[n]) for n, x in p.items()}
+    sent = {n: compressor.decode(m, shapes[n], shared[n]) for n, m in message.items()}
+
+    def reply_to(messages):  # on the ps: the N messages of one step, one reply
+        if compressor.linear:  # the mean of the messages is the message of the mean
+            reply = mean_of(messages, wire.workers)
+        else:  # decode, sum, divide by N and compress again, with the ps's own residual
+            ps_own = wire.seeds(1 + wire.workers) if compressor.own_draws else shared
+            reply = {}
+            for n, shape in shapes.items():
+                u = tf.add_n([compressor.decode(m[n], shape, shared[n])
+                              for m in messages]) / wire.workers
+                if wire.error_feedback:
+                    u += wire.ps_residuals[n]
+                reply[n] = compressor.encode(u, ps_own[n])
+                if wire.error_feedback:  # e_ps <- u - decode(r), before anyone pulls r
+                    keep = wire.ps_residuals[n].assign(u - compressor.decode(
+                        reply[n], shape, shared[n]), read_value=False)
+                    reply[n] = with_dependencies([keep], reply[n])
+        update = {n: compressor.decode(r, shapes[n], shared[n]) for n, r in reply.items()}
+        return wire.apply_on_ps(update, reply)
+
+    reply = exchange("gc", message, reply_to, wire)
+    update = {n: compressor.decode(r, shapes[n], shared[n]) for n, r in reply.items()}
+    return sent, update, message_bytes(message), message_bytes(reply)
+
+
+def powersgd_round_trips(compressor, p, wire):
+    """PowerSGD (Vogels et al. 2019, Algorithm 1): per matrix two round trips, P then Q, with Q
+    kept from step to step on every worker (the same on all); vectors and small matrices go
+    dense in the first. Returns what one_round_trip does."""
+    low_rank = [n for n, x in p.items() if compressor.compresses(x.shape)]
+    if not low_rank:
+        fail("--rank %d: no matrix of the model is large enough for PowerSGD" % compressor.rank)
+    q_kept = worker_variables("powersgd_q", {n: tf.random.stateless_normal(
+        [p[n].shape[1], compressor.rank], [compressor.args.seed, i])
+        for i, n in enumerate(low_rank)}, lambda q: q)  # the same start on every worker
+    on_ps = {}  # what the first reply made on the ps (each P, the dense means): the second's
+
+    def reply_p(messages):  # on the ps: P = orthonormal(mean P_k); the dense tensors' mean
+        for n, (mean,) in mean_of(messages, wire.workers).items():
+            on_ps[n] = tf.linalg.qr(mean)[0] if n in low_rank else mean
+        return {n: (x,) for n, x in on_ps.items()}
+
+    def reply_q(messages):  # on the ps: Q = mean Q_k; the step's update is P Q^T
+        q_mean = {n: q for n, (q,) in mean_of(messages, wire.workers).items()}
+        update = {n: tf.matmul(on_ps[n], q_mean[n], transpose_b=True) if n in low_rank
+                  else on_ps[n] for n in p}
+        return wire.apply_on_ps(update, {n: (q,) for n, q in q_mean.items()})
+
+    message_p = {n: (tf.matmul(p[n], q_kept[n]) if n in low_rank else p[n],) for n in p}
+    pulled_p = {n: x for n, (x,) in exchange("powersgd_p", message_p, reply_p, wire).items()}
+    q_mine = {n: tf.matmul(p[n], pulled_p[n], transpose_a=True) for n in low_rank}
+    message_q = {n: (q,) for n, q in q_mine.items()}
+    pulled_q = {n: q for n, (q,) in exchange("powersgd_q", message_q, reply_q, wire).items()}
+    sent, update = dict(p), dict(pulled_p)  # the dense tensors: sent whole, their mean back
+    for n in low_rank:
+        sent[n] = tf.matmul(pulled_p[n], q_mine[n], transpose_b=True)  # P P^T p_k
+        update[n] = tf.matmul(pulled_p[n], pulled_q[n], transpose_b=True)
+    with tf.control_dependencies([q_kept[n].assign(pulled_q[n], read_value=False)
+                                  for n in low_rank]):  # the next step starts from this Q
+        update = {n: tf.identity(u) for n, u in update.items()}
+    both_ways = message_bytes(message_p) + message_bytes(message_q)
+    return sent, update, both_ways, both_ways
+
+
+def mean_of(messages, workers):
+    """The part-by-part mean of N messages of the same form, on the ps."""
+    return {n: tuple(tf.add_n(list(parts)) / workers for parts in zip(*[m[n] for m in messages]))
+            for n in messages[0]}
+
+
+def exchange(name, message, reply_to, wire):
+    """One round trip through the ps. Each worker pushes its message into the ps's inbox; the
+    chief's step takes the N messages off it, makes them one reply there (reply_to) and puts a
+    copy in every worker's outbox; each worker pulls its own. The queues hold the messages
+    themselves: what crosses the network is the message, each way. A worker cannot push twice
+    before it has pulled, so the N messages taken are one from each worker, of the same step."""
+    flat = tf.nest.flatten(message)
+    kinds, shapes = [t.dtype for t in flat], [t.shape for t in flat]
+    with tf.compat.v1.device(PS):
+        queue = lambda box, size: tf.queue.FIFOQueue(size, kinds, shapes, shared_name=box,
+                                                     name=box)
+        inbox = queue(name + "_inbox", wire.workers)
+        outboxes = [queue("%s_outbox%d" % (name, k), 1) for k in range(wire.workers)]
+        push = inbox.enqueue(flat)
+        after = [push]
+        if wire.task_index == 0:  # the chief makes the reply, on the ps
+            with tf.control_dependencies([push]):
+                received = tf.nest.flatten(inbox.dequeue_many(wire.workers))  # a list, even of 1
+            messages = [tf.nest.pack_sequence_as(message, [part[k] for part in received])
+                        for k in range(wire.workers)]
+            reply = tf.nest.flatten(reply_to(messages))
+            after.append(tf.group([box.enqueue(reply) for box in outboxes]))
+        with tf.control_dependencies(after):
+            pulled = tf.nest.flatten(outboxes[wire.task_index].dequeue())
+            return tf.nest.pack_sequence_as(message, pulled)
+
+
+def apply_on_ps(global_params, global_step, update, reply):
+    """The ps's own copy takes the step every worker takes, and the step is counted, before
+    any worker can pull the reply. Returns the reply."""
+    applied = [global_params[n].assign_sub(u, read_value=False) for n, u in update.items()]
+    with tf.control_dependencies(applied):  # not before: a worker reads t to seed its step
+        counted = global_step.assign_add(1, read_value=False)
+    with tf.control_dependencies([counted]):
+        return tf.nest.map_structure(tf.identity, reply)
+
+
+def with_dependencies(dependencies, tensors):
+    with tf.control_dependencies(dependencies):
+        return tuple(tf.identity(t) for t in tensors)
+
+
+def random_seeds(seed, first_seed, names):
+    """seeds(who) -> a seed per tensor for this step's random draws: who = 0 the same on every
+    task, who = 1 + k worker k's own, 1 + N the ps's."""
+    return lambda who: {n: tf.stack([tf.constant(seed * 1000 + who, tf.int64), first_seed + i])
+                        for i, n in enumerate(names)}
+
+
+def message_bytes(message):
+    """The bytes of a message's tensors: what it costs on the wire, before gRPC's framing."""
+    return sum(t.shape.num_elements() * t.dtype.size for t in tf.nest.flatten(message))
+
+
+# --- The compressors: encode(x, seed) -> message (a tuple of tensors); decode(message) -> x -------
+class Compressor(object):
+    """biased: E[decode(encode(x))] != x, so error feedback applies; linear: the mean of N
+    messages is the message of the mean (the ps replies with it, exactly); own_draws: each
+    worker draws its own random numbers (the others' draws are shared by every task)."""
+    biased, linear, own_draws = True, False, False
+
+    def __init__(self, args):
+        self.args = args
+
+
+def kept(ratio, d):
+    """k = ratio * d entries of a tensor of d, at least 1."""
+    return max(1, min(d, int(round(ratio * d))))
+
+
+class NoCompression(Compressor):
+    """Dense fp32, as Sync-SGD sends: 4d bytes."""
+    biased, linear = False, True
+
+    def encode(self, x, seed):
+        return (x,)
+
+    def decode(self, message, shape, seed):
+        return message[0]
+
+
+class HalfPrecision(Compressor):
+    """Dense fp16: 2d bytes; rounding drops the low bits (biased, a little)."""
+
+    def encode(self, x, seed):
+        return (tf.cast(x, tf.float16),)
+
+    def decode(self, message, shape, seed):
+        return tf.cast(message[0], tf.float32)
+
+
+class TopK(Compressor):
+    """The k = ratio * d entries of largest magnitude: fp32 values and int32 flat indices, 8k
+    bytes (Lin et al. 2018; Stich et al. 2018)."""
+
+    def encode(self, x, seed):
+        flat = tf.reshape(x, [-1])
+        indices = tf.math.top_k(tf.abs(flat), kept(self.args.ratio, flat.shape[0])).indices
+        return tf.gather(flat, indices), indices
+
+    def decode(self, message, shape, seed):
+        values, indices = message
+        return tf.reshape(tf.scatter_nd(indices[:, None], values, [shape.num_elements()]), shape)
+
+
+class RandomK(Compressor):
+    """k = ratio * d entries drawn at random from a seed every task shares, so the values alone
+    go (4k bytes), times d / k: unbiased. Linear: all workers send the same coordinates."""
+    biased, linear = False, True
+
+    def chosen(self, d, seed):
+        noise = tf.random.stateless_uniform([d], seed)
+        return tf.math.top_k(noise, kept(self.args.ratio, d)).indices
+
+    def encode(self, x, seed):
+        flat = tf.reshape(x, [-1])
+        return (tf.gather(flat, self.chosen(flat.shape[0], seed)),)
+
+    def decode(self, message, shape, seed):
+        d = shape.num_elements()
+        scaled = message[0] * (d / kept(self.args.ratio, d))
+        return tf.reshape(tf.scatter_nd(self.chosen(d, seed)[:, None], scaled, [d]), shape)
+
+
+class QSGD(Compressor):
+    """Each entry to one of s levels of the tensor's norm, rounded up or down at random so that
+    the expectation is exact (Alistarh et al. 2017): int8 levels with their signs and the fp32
+    norm, d + 4 bytes."""
+    biased, own_draws = False, True
+
+    def encode(self, x, seed):
+        norm = tf.norm(x)
+        scaled = tf.math.divide_no_nan(tf.abs(x), norm) * self.args.levels  # in [0, s]
+        lower = tf.floor(scaled)
+        up = tf.random.stateless_uniform(x.shape, seed) < scaled - lower  # p = distance to lower
+        levels = tf.sign(x) * (lower + tf.cast(up, tf.float32))
+        return tf.cast(levels, tf.int8), norm
+
+    def decode(self, message, shape, seed):
+        levels, norm = message
+        return norm * tf.cast(levels, tf.float32) / self.args.levels
+
+
+class Sign(Compressor):
+    """Each entry's sign, 8 to a byte, and one scale, the mean magnitude (the l1 norm / d, as
+    EF-signSGD): d/8 + 4 bytes. The ps's reply is the sign of the workers' scaled sum, a vote
+    weighted by each worker's scale (Bernstein et al. 2019; Karimireddy et al. 2019)."""
+
+    def encode(self, x, seed):
+        flat = tf.reshape(x, [-1])
+        d = flat.shape[0]
+        bits = tf.pad(tf.cast(flat >= 0, tf.int32), [[0, 8 * math.ceil(d / 8) - d]])
+        packed = tf.reduce_sum(tf.reshape(bits, [-1, 8]) * [128, 64, 32, 16, 8, 4, 2, 1], axis=1)
+        return tf.cast(packed, tf.uint8), tf.reduce_mean(tf.abs(flat))
+
+    def decode(self, message, shape, seed):
+        packed, scale = message
+        shifts = tf.constant([7, 6, 5, 4, 3, 2, 1, 0], tf.uint8)
+        bits = tf.bitwise.bitwise_and(tf.bitwise.right_shift(packed[:, None], shifts), 1)
+        signs = 2.0 * tf.cast(tf.reshape(bits, [-1])[:shape.num_elements()], tf.float32) - 1.0
+        return scale * tf.reshape(signs, shape)
+
+
+class PowerSGD(Compressor):
+    """Rank r per matrix: P (m x r) and Q (n x r), 4r(m + n) bytes each way, in two round trips
+    (powersgd_round_trips); a matrix for which that is no saving, and every vector, goes dense."""
+
+    def __init__(self, args):
+        super(PowerSGD, self).__init__(args)
+        self.rank = args.rank
+
+    def compresses(self, shape):
+        return shape.rank == 2 and self.rank * (shape[0] + shape[1]) < shape[0] * shape[1]
+
+
+COMPRESSORS = {"none": NoCompression, "fp16": HalfPrecision, "topk": TopK, "randk": RandomK,
+               "qsgd": QSGD, "sign": Sign, "powersgd": PowerSGD}
+
+
+# >>> shared: worker variables
+def worker_variables(prefix, like, initial_value):
+    """One variable on this worker per parameter in like, named prefix_<name>. LOCAL_VARIABLES:
+    each worker initialises its own, and checkpoints leave them out."""
+    return {n: tf.compat.v1.Variable(initial_value(p), trainable=False, name=prefix + "_" + n,
+                                     collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES])
+            for n, p in like.items()}
+# <<< shared: worker variables
+
+
+# >>> shared: sync replicas
+def sync_round(session, fetches, args, name):
+    """Run fetches, a synchronous step or round: it waits for the other workers, at most
+    --step_timeout, so that a lost quorum ends the run in one line instead of hanging it."""
+    try:
+        return session.run(fetches, options=tf.compat.v1.RunOptions(
+            timeout_in_ms=int(args.step_timeout * 1000)))
+    except tf.errors.DeadlineExceededError:
+        fail("worker%d: no %s completed within %g s: a worker is missing"
+             % (args.task_index, name, args.step_timeout))
+# <<< shared: sync replicas
+
+
+# --- The training loop ----------------------------------------------------------------------------
+def train(args, cluster, server, data):
+    workers = len(cluster["worker"])
+    x, y = training_batches(data, args.batch_size, args.task_index, workers,
+                            args.seed)  # no device given: the pipeline runs on this worker
+    with tf.compat.v1.device(ps_device(args, cluster)):
+        global_params = model_params(x.shape[1:], args.hidden, args.seed)
+    loss_of = lambda params: model_loss(params, x, y)
+    gc = build_gradient_compression(args, args.task_index, workers, global_params, loss_of)
+    dense_bytes = sum(v.shape.num_elements() * 4 for v in global_params.values())  # fp32
+    # rejoins=False: a restarted worker's copy and residual are not the others', and the ps's
+    # accumulators may hold half a step: a restart ends the run in one line instead
+    worker = Worker(args, cluster, lambda x, y: model_metrics(gc.global_params, x, y),
+                    (data.x_test, data.y_test), rejoins=False)
+    session = worker.start(server, wait_for_everyone=True)  # every step needs every worker
+    while worker.step < math.ceil(args.steps / workers):  # --steps counts mini-batches
+        loss, step = sync_round(session, gc.step, args, "synchronous step")
+        if step % args.resync == 0:
+            session.run(gc.resync)  # a dense pull: undoes any drift between the copies
+        worker.after_update(session, loss, step)
+    return worker.end(session, minibatches_per_update=workers, compressor=args.compressor,
+                      error_feedback=gc.error_feedback, push_bytes=gc.push_bytes,
+                      pull_bytes=gc.pull_bytes, dense_bytes=dense_bytes, resync=args.resync)
+
+
+def main(argv=None):
+    args = parse_flags(argv, example_flags)  # bad input fails here, before TensorFlow loads
+    cluster = resolve_cluster(args)
+    if args.levels > 127:
+        fail("--levels %d does not fit QSGD's int8 levels: at most 127" % args.levels)
+    if args.ratio > 1:
+        fail("--ratio %g: the fraction of entries sent is at most 1" % args.ratio)
+    data = load_dataset(args.data_path) if args.job_name == "worker" else None  # a ps needs none
+    return run_task(args, cluster, train, data)
+
+
+# ==================================================================================================
+# Plumbing shared by every example (what a job needs besides its algorithm)
+# ==================================================================================================
+# train() hands this part what it built: the step's results, the test metrics and the test set;
+# nothing here knows the data, the model or the algorithm. Checkpoints: the chief restores the
+# latest in --log_dir when it starts (Worker.start) and saves one every 30 s and at the end
+# (Worker.save). In this order; the same text in every train.py that runs on a ps (a test keeps
+# the copies equal):
+#   1. flags, and the cluster from them or from TF_CONFIG;         parse_flags, resolve_cluster,
+#      --data_path's file, checked                                check_cluster, positive_seconds,
+#                                                                  read_npz
+#   2. variables on the ps (whole, or cut into a slice per ps),
+#      every other op on this worker                              ps_device, sharded_over_the_ps
+#   3. this task's server; a failure ends the task in one line    run_task, fail, cause
+#   4. the start-up: a worker waits for the ps, then for the      reach_the_ps, wait_for,
+#      chief, who restores the latest checkpoint or initialises   is_listening, Worker
+#      where the ps lacks the variables
+#   5. progress lines; the chief's checkpoints and its test
+#      metrics over the test set, in batches, to TensorBoard too  Worker.after_update, save,
+#                                                                  test_metrics_in_batches,
+#                                                                  tensorboard_summary
+#   6. the end: the chief waits for the others, names any it
+#      lost, prints the summary line and ends the run; a ps
+#      serves until then (a TensorFlow server never ends itself)  Worker.end, print_summary,
+#                                                                  serve, run_over_flag
+#   7. restarts: a step lost to a restarted task runs again on a
+#      new session, set up again; a worker whose steps stop
+#      (--watchdog) exits, for its restart policy to start again  RecoveringSession,
+#                                                                  Worker.watch
+# >>> shared: flags
+def fail(message):
+    """One line on stderr and exit status 2: for bad input and lost peers, never for bugs."""
+    print("error: " + message, file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
+def positive_seconds(text):
+    """A flag's value in seconds, more than 0 (a flag whose default, None, is settled later)."""
+    seconds = float(text)
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError("must be positive, got %s" % text)
+    return seconds
+
+
+def parse_flags(argv, example_flags, distributed=True):
+    """The flags every example shares, then the example's own; bad values fail here."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.error = lambda message: fail(message + " (see --help)")
+    common = [
+        ("steps", int, 2000, "mini-batches to train, summed over the workers"),
+        ("batch_size", int, 64, "examples per mini-batch"),
+        ("learning_rate", float, 0.1, "the workers' learning rate"),
+        ("hidden", int, 128, "width of the MLP's hidden layer"),
+        ("data_path", str, "", "your own data: an .npz with x_train, y_train, x_test and y_test, "
+         "any numbers and shapes (default: the digits)"),
+        ("log_dir", str, "", "checkpoints and summaries; one that has them resumes"),
+        ("seed", int, 0, "seed of the initial weights and the shuffling"),
+        ("metrics_file", str, "", "also write the summary and the test metrics' history here, "
+         "as JSON (for plots)"),
+        ("log_every", int, 100, "progress (the chief's: test metrics) every N local steps"),
+    ]
+    cluster = [
+        ("job_name", str, "", "ps or worker (or set TF_CONFIG)"),
+        ("task_index", int, 0, "this task's index in its job"),
+        ("ps_hosts", str, "", "comma-separated host:port of the ps tasks"),
+        ("worker_hosts", str, "", "comma-separated host:port of the workers"),
+        ("connect_timeout", positive_seconds, None, "seconds to wait for the other tasks; if "
+         "not given, 60, or 600 under TF_CONFIG (a cluster's pods may start minutes apart)"),
+        ("watchdog", float, 300.0, "a worker that completes no step for this many "
+         "seconds exits with an error, so that its restart policy starts it again (the "
+         "tf.compat.v1 examples with a ps)"),
+    ]
+    for flag, kind, default, text in common + (cluster if distributed else []):
+        p.add_argument("--" + flag, type=kind, default=default, help=text)
+    example_flags(p)
+    args = p.parse_args(argv)
+    for flag, value in vars(args).items():
+        if type(value) not in (int, float):
+            continue
+        default = p.get_default(flag)
+        counted = type(default) in (int, float) and default >= 1  # a count, a size or a time
+        if value < 0 or (value == 0 and counted):
+            fail("--%s must be %s, got %s" % (flag, "positive" if counted else "0 or more", value))
+    if not args.log_dir:  # a new folder for every run, beside this file
+        run_name = time.strftime("%Y%m%d-%H%M%S-") + str(os.getpid())
+        args.log_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "logs", run_name)
+    return args
+
+
+NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
+
+
+def read_npz(path, num_classes=None):
+    """--data_path's x_train, y_train, x_test and y_test, checked before TensorFlow loads. Features
+    of any shape: floats are kept as they are (in float32), integers (pixels) are scaled to
+    [0, 1] by the largest in x_train, and images (N, H, W) gain a channel axis (N, H, W, 1), as a
+    convolution takes them. Labels: integer classes in [0, num_classes), or with num_classes
+    None any numbers (a regression's targets, in float32)."""
+    try:
+        with np.load(path) as f:
+            x_train, y_train, x_test, y_test = (f[k] for k in NPZ_KEYS)
+    except (OSError, KeyError, ValueError) as e:  # missing, unreadable, or a key missing
+        fail("cannot load %s (%s): give an .npz with x_train, y_train, x_test and y_test"
+             % (path, str(e).splitlines()[0]))
+    for name, array in zip(NPZ_KEYS, (x_train, y_train, x_test, y_test)):
+        if array.dtype.kind not in "biuf" or array.ndim == 0 or len(array) == 0:
+            fail("%s: %s must be a non-empty array of numbers, not %s %s"
+                 % (path, name, array.dtype, array.shape))
+        if not np.all(np.isfinite(array)):
+            fail("%s: %s has NaN or infinite values" % (path, name))
+    if len(x_train) != len(y_train) or len(x_test) != len(y_test):
+        fail("%s: x and y differ in length: %d and %d to train, %d and %d to test"
+             % (path, len(x_train), len(y_train), len(x_test), len(y_test)))
+    if x_train.shape[1:] != x_test.shape[1:]:
+        fail("%s: train and test examples differ in shape: %s and %s"
+             % (path, x_train.shape[1:], x_test.shape[1:]))
+    if num_classes is None:
+        y_train, y_test = y_train.astype(np.float32), y_test.astype(np.float32)
+    else:
+        for name, y in (("y_train", y_train), ("y_test", y_test)):
+            if y.ndim != 1 or np.any(y != np.round(y)) or y.min() < 0 or y.max() >= num_classes:
+                fail("%s: %s must hold integer labels in [0, %d)" % (path, name, num_classes))
+        y_train, y_test = y_train.astype(np.int64), y_test.astype(np.int64)
+    if x_train.dtype.kind != "f":  # integer pixels
+        pixel_max = max(float(x_train.max()), 1.0)
+        x_train, x_test = x_train / pixel_max, x_test / pixel_max
+    if x_train.ndim == 3:  # images without a channel axis
+        x_train, x_test = x_train[..., np.newaxis], x_test[..., np.newaxis]
+    return x_train.astype(np.float32), y_train, x_test.astype(np.float32), y_test
+# <<< shared: flags
+
+
+# >>> shared: tasks
+def check_cluster(cluster, job, index):
+    """Every address is host:port, the job is one of the cluster's, the index is in range."""
+    for name, hosts in cluster.items():
+        for address in hosts:
+            host, _, port = str(address).rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                fail("%s hosts: %r is not host:port (for example localhost:2222)"
+                     % (name, address))
+    if job not in cluster:
+        fail("unknown job name %r: use %s" % (job, " or ".join(cluster)))
+    if not 0 <= index < len(cluster[job]):
+        fail("task index %d is out of range: the %s job has %d task(s), 0..%d"
+             % (index, job, len(cluster[job]), len(cluster[job]) - 1))
+
+
+def cause(error):
+    """The line of a TensorFlow error that says what went wrong (not where, nor the trace)."""
+    lines = [line for line in error.message.splitlines()  # not a rule of ====, nor indented
+             if any(c.isalpha() for c in line) and not line.startswith((" ", "\t", "Node: "))]
+    return lines[-1] if lines else type(error).__name__
+
+
+def is_listening(address):
+    try:
+        socket.create_connection(address.rsplit(":", 1), timeout=1).close()
+    except OSError:
+        return False
+    return True
+
+
+def wait_for(condition, seconds=float("inf"), waiting=None):
+    """Whether condition() came true within seconds (it is checked four times a second). If the
+    wait is long, waiting() says every 30 s what this task waits for: a line a user can act on."""
+    started = last_line = time.time()
+    while not condition():
+        if time.time() > started + seconds:
+            return False
+        if waiting and time.time() > last_line + 30:
+            print("%s (%.0f s so far)" % (waiting(), time.time() - started), flush=True)
+            last_line = time.time()
+        time.sleep(0.25)  # the pace of the checks
+    return True
+# <<< shared: tasks
+
+
+# >>> shared: summary
+def print_summary(role, summary, history, metrics_file):
+    """The summary line, key=value ...; with --metrics_file also as JSON, with the history of the
+    test metrics ([seconds, global step, then each metric] per evaluation), for plots."""
+    def text(value):
+        if isinstance(value, list):
+            return ",".join(str(v) for v in value)
+        if isinstance(value, float):
+            return "%.6g" % value
+        return str(value)
+    fields = " ".join("%s=%s" % (key, text(value)) for key, value in summary.items())
+    print("[%s] summary %s" % (role, fields), flush=True)
+    if metrics_file:
+        with open(metrics_file, "w") as f:
+            json.dump(dict(summary, history=history), f, indent=1)
+# <<< shared: summary
+
+
+# >>> shared: test metrics
+def test_metrics_in_batches(session, metrics, x, y, test_set):
+    """Each of metrics (tensors, each a mean over a batch) averaged over the whole test set, fed
+    1000 examples at a time into the placeholders x and y: a large test set never becomes a
+    graph constant."""
+    x_test, y_test = test_set
+    totals = dict.fromkeys(metrics, 0.0)
+    for i in range(0, len(x_test), 1000):
+        feed = {x: x_test[i:i + 1000], y: y_test[i:i + 1000]}
+        for name, value in session.run(metrics, feed).items():
+            totals[name] += value * len(feed[x])
+    return {name: float(total / len(x_test)) for name, total in totals.items()}
+
+
+def tensorboard_summary(metrics, loss=None):
+    """The test metrics (test_NAME), and the training loss if given, as one TensorBoard
+    summary."""
+    summary = tf.compat.v1.Summary()
+    for name, value in metrics.items():
+        summary.value.add(tag="test_" + name, simple_value=value)
+    if loss is not None:
+        summary.value.add(tag="loss", simple_value=loss)
+    return summary
+# <<< shared: test metrics
+
+
+# >>> shared: cluster and session
+def resolve_cluster(args):
+    """The cluster from the flags, or else from TF_CONFIG as operators write it: a "chief" or
+    "master" becomes worker 0, an "evaluator" has nothing to do. Sets job_name and task_index,
+    and connect_timeout if not given: 60 s, or 600 s under TF_CONFIG."""
+    job, index = args.job_name, args.task_index
+    from_flags = job or args.ps_hosts or args.worker_hosts or "TF_CONFIG" not in os.environ
+    if args.connect_timeout is None:
+        args.connect_timeout = 60.0 if from_flags else 600.0
+    if from_flags:
+        if not args.ps_hosts or not args.worker_hosts:
+            fail("give --ps_hosts and --worker_hosts (or set TF_CONFIG)")
+        cluster = {"ps": args.ps_hosts.replace(" ", "").split(","),
+                   "worker": args.worker_hosts.replace(" ", "").split(",")}
+    else:
+        try:
+            config = json.loads(os.environ["TF_CONFIG"])
+            spec, job = config["cluster"], config["task"]["type"]
+            index = int(config["task"].get("index") or 0)
+            chief = list(spec.get("chief", [])) + list(spec.get("master", []))
+            cluster = {"ps": list(spec["ps"]), "worker": chief + list(spec.get("worker", []))}
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            fail("TF_CONFIG is not valid cluster JSON (%s: %s)" % (type(e).__name__, e))
+        if job in ("chief", "master"):
+            job, index = "worker", 0
+        elif job == "worker":
+            index += len(chief)  # the workers come after the chief
+        elif job == "evaluator":
+            print("[evaluator] nothing to do: the chief evaluates", flush=True)
+            sys.exit(0)
+    check_cluster(cluster, job, index)
+    args.job_name, args.task_index = job, index
+    return cluster
+
+
+def ps_device(args, cluster):
+    """Where a worker's ops go: every variable made under this device function to a ps task
+    (whole variables, round-robin over several ps), every other op to this worker."""
+    return tf.compat.v1.train.replica_device_setter(
+        cluster=tf.compat.v1.train.ClusterSpec(cluster),
+        worker_device="/job:worker/task:%d" % args.task_index)
+
+
+def sharded_over_the_ps(cluster, shard=True):
+    """A variable scope in which each variable made is cut into one slice per ps task (along its
+    first axis), so that every ps holds, and every ps link carries, an equal share of its bytes:
+    ps_device alone places whole variables, and one large matrix then loads one ps. Optimizers
+    update the slices; the model reads each variable whole. shard=False: a scope that changes
+    nothing."""
+    partitioner = tf.compat.v1.fixed_size_partitioner(len(cluster["ps"])) if shard else None
+    return tf.compat.v1.variable_scope(tf.compat.v1.get_variable_scope(), partitioner=partitioner)
+
+
+def run_task(args, cluster, train, data):
+    """Start this task's server, then serve (a ps) or train(args, cluster, server, data)."""
+    global tf  # loaded only now: bad input has failed in one line, without TensorFlow's start-up
+    job, index = args.job_name, args.task_index
+    address = cluster[job][index]
+    if is_listening(address):  # in one line here, rather than deep inside gRPC
+        fail("%s %d: port %s is already in use: by an earlier run?" % (job, index, address))
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before the import: no C++ info lines
+    import tensorflow as tf
+    tf.compat.v1.disable_eager_execution()
+    tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)
+    one_thread = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1)  # cores for the others
+    server = tf.compat.v1.train.Server(cluster, job_name=job, task_index=index, config=one_thread)
+    try:
+        if job == "ps":
+            return serve(index, cluster, server, args.connect_timeout)
+        reach_the_ps(args, cluster)
+        return train(args, cluster, server, data)
+    except tf.errors.OpError as e:
+        fail("%s %d stopped: %s: %s" % (job, index, type(e).__name__, cause(e)))
+
+
+def reach_the_ps(args, cluster):
+    """Wait until every ps listens, at most --connect_timeout: a worker starts after it, and
+    after it restarted."""
+    silent = lambda: [ps for ps in cluster["ps"] if not is_listening(ps)]
+    if not wait_for(lambda: not silent(), args.connect_timeout, waiting=lambda: (
+            "[worker%d] waiting for the ps at %s" % (args.task_index, ",".join(silent())))):
+        fail("cannot reach the ps at %s: is it running?" % ",".join(silent()))
+
+
+def run_over_flag(ps_index):
+    """A flag on each ps that the chief raises when the run is over: every worker has finished
+    or is lost. A ps reads its own, so ending needs no other task."""
+    with tf.compat.v1.device("/job:ps/task:%d" % ps_index):
+        return tf.compat.v1.Variable(False, collections=[], name="run_over_%d" % ps_index)
+
+
+def serve(index, cluster, server, connect_timeout):
+    """A ps serves until the chief says the run is over; TensorFlow's server never ends by
+    itself. A ps whose flag no chief has set up within connect_timeout seconds served no one:
+    it ends with an error. The flag's variable has the same name in every task's graph, so the
+    ps reads the one the chief writes."""
+    with tf.Graph().as_default():
+        run_over = run_over_flag(index)
+        set_up = tf.compat.v1.is_variable_initialized(run_over)
+        session = tf.compat.v1.Session(server.target, config=tf.compat.v1.ConfigProto(
+            device_filters=["/job:ps/task:%d" % index]))  # this ps alone: nothing else to wait for
+    print("[ps%d] serving %d worker(s) at %s" % (index, len(cluster["worker"]),
+                                                 cluster["ps"][index]), flush=True)
+    if not wait_for(lambda: session.run(set_up), connect_timeout, waiting=lambda: (
+            "[ps%d] waiting for the chief (worker0) at %s" % (index, cluster["worker"][0]))):
+        fail("ps%d: no chief came within %g s: this ps served no one" % (index, connect_timeout))
+    wait_for(lambda: session.run(run_over))
+    print("[ps%d] the run is over; shutting down" % index, flush=True)
+    return 0
+
+
+class Worker(object):
+    """A worker's part of the run, given what train() built: test_metrics(x, y), a dict of
+    metric tensors for a batch of test examples (each a mean over the batch), and test_set,
+    (x_test, y_test), fed to it in batches. start: the session (a RecoveringSession); in each
+    new one the chief restores the latest checkpoint in --log_dir, or initialises the
+    variables, where the ps lacks them, while the others wait for it. after_update: progress
+    lines; the chief's test metrics, TensorBoard summaries and a checkpoint every 30 s. end:
+    the chief waits for the others, saves, prints the summary line and ends the run. The run's
+    record on ps 0 says which workers started and how many local steps each made: the chief
+    waits for every worker to finish, to close its port after starting (lost), or not to start
+    within --connect_timeout; then it raises every ps's run-over flag. A ps that restarts loses
+    the record: the chief writes back what it last read. rejoins=False: an example whose
+    workers cannot take up a run again (Evolution-Strategies): a restarted task, or a session
+    lost to a restart, ends the task in one line."""
+
+    def __init__(self, args, cluster, test_metrics, test_set, steps_per_update=1, rejoins=True):
+        self.args, self.cluster, self.test_set = args, cluster, test_set
+        self.steps_per_update, self.rejoins = steps_per_update, rejoins
+        self.role = "worker%d" % args.task_index
+        self.is_chief = args.task_index == 0
+        self.global_step = tf.compat.v1.train.get_or_create_global_step()
+        x_test, y_test = test_set
+        with tf.compat.v1.device("/job:worker/task:%d" % args.task_index):
+            self.test_x = tf.compat.v1.placeholder(x_test.dtype, (None,) + x_test.shape[1:])
+            self.test_y = tf.compat.v1.placeholder(y_test.dtype, (None,) + y_test.shape[1:])
+            self.test_metrics = test_metrics(self.test_x, self.test_y)
+        # the run's record, never checkpointed: 1 for each worker that has started training, and
+        # each worker's local steps once it has finished (-1 before)
+        workers = len(cluster["worker"])
+        with tf.compat.v1.device("/job:ps/task:0"):
+            self.started = tf.compat.v1.Variable(np.zeros(workers, np.int64), collections=[],
+                                                 name="started")
+            self.finished = tf.compat.v1.Variable(np.full(workers, -1, np.int64),
+                                                  collections=[], name="finished")
+        self.i_started = tf.compat.v1.scatter_update(self.started, [args.task_index], [1])
+        self.my_local_steps = tf.compat.v1.placeholder(tf.int64, [1])
+        self.i_finished = tf.compat.v1.scatter_update(self.finished, [args.task_index],
+                                                      self.my_local_steps)
+        run_over = [run_over_flag(k) for k in range(len(cluster["ps"]))]
+        self.end_run = tf.group([flag.assign(True) for flag in run_over])
+        if self.is_chief:  # a restarted chief, or a restarted ps, sets up only what is not there
+            self.record = [(tf.compat.v1.is_variable_initialized(v), v.initializer)
+                           for v in [self.started, self.finished] + run_over]
+            self.record_fed = [tf.compat.v1.placeholder(tf.int64, [workers]) for _ in "sf"]
+            self.write_back = [self.started.assign(self.record_fed[0]),
+                               self.finished.assign(self.record_fed[1])]
+            self.record_seen = None  # (started, finished) as the chief last read them
+        self.has_record = tf.compat.v1.is_variable_initialized(self.started)
+        self.local_steps, self.history = 0, []
+
+    def start(self, server, wait_for_everyone=False, each_session=None):
+        """The session, once the variables on the ps are ready; with wait_for_everyone (a
+        synchronous example, whose every round needs every worker), once every worker has
+        started as well, however far apart the tasks start. each_session(session): the
+        example's own start-up, run again in every new session (a synchronous optimizer's)."""
+        args = self.args
+        self.server, self.wait_for_everyone = server, wait_for_everyone
+        self.each_session = each_session or (lambda session: None)
+        self.saver = tf.compat.v1.train.Saver()  # every global variable: all are made by now
+        self.initialise_local = tf.compat.v1.local_variables_initializer()
+        self.initialise = tf.compat.v1.global_variables_initializer()
+        self.not_ready = tf.compat.v1.report_uninitialized_variables(
+            tf.compat.v1.global_variables())
+        tf.compat.v1.get_default_graph().finalize()  # a loop that adds ops would grow forever
+        if self.is_chief:
+            print("[worker0] chief: log_dir=%s" % args.log_dir, flush=True)
+            self.writer = tf.compat.v1.summary.FileWriter(args.log_dir,
+                                                          tf.compat.v1.get_default_graph())
+        session = RecoveringSession(self)
+        self.step = self.start_step = int(session.run(self.global_step))
+        self.start_time, self.last_checkpoint = time.time(), 0  # the first evaluation saves
+        self.progress_steps, self.progress_time = 0, self.start_time  # at the last progress line
+        print("[%s] training started" % self.role, flush=True)
+        threading.Thread(target=self.watch, daemon=True).start()
+        return session
+
+    def new_session(self, first):
+        """A session on this task's server, set up: the chief initialises the record where it
+        is missing (writing back what it last read, after a ps restarted) and restores the
+        latest checkpoint, or initialises, where the ps lacks the variables: a restarted worker
+        does not roll the run back. The others wait for it; then every worker initialises its
+        own variables and marks itself started."""
+        args = self.args
+        reach_the_ps(args, self.cluster)
+        # filter devices, or the session waits for every worker to answer, even those that left
+        session = tf.compat.v1.Session(self.server.target, config=tf.compat.v1.ConfigProto(
+            device_filters=["/job:ps", "/job:worker/task:%d" % args.task_index],
+            intra_op_parallelism_threads=1))
+        if first and not self.rejoins and session.run(self.has_record) and session.run(
+                self.started)[args.task_index]:  # this worker started once already
+            fail("%s: %s cannot take a restarted worker back into a run in progress; start "
+                 "the whole run again" % (self.role, EXAMPLE))
+        if self.is_chief:
+            record_lost = not session.run(self.has_record)  # a new run, or ps 0 restarted
+            for is_set_up, initializer in self.record:
+                if not session.run(is_set_up):
+                    session.run(initializer)
+            if record_lost and self.record_seen is not None:  # ps 0 restarted: the record back
+                session.run(self.write_back, dict(zip(self.record_fed, self.record_seen)))
+            if len(session.run(self.not_ready)) > 0:  # a new run, or the ps restarted
+                checkpoint = tf.train.latest_checkpoint(args.log_dir)
+                if checkpoint:
+                    self.saver.restore(session, checkpoint)
+                    print("[worker0] resuming from the checkpoint at global step %d"
+                          % session.run(self.global_step), flush=True)
+                else:
+                    session.run(self.initialise)
+            elif first:
+                print("[worker0] resuming at global step %d: the ps kept the variables"
+                      % session.run(self.global_step), flush=True)
+        elif not wait_for(lambda: len(session.run(self.not_ready)) == 0, args.connect_timeout,
+                          waiting=lambda: "[%s] waiting for the chief (worker0) to set up the "
+                                          "variables" % self.role):
+            fail("%s: the chief has not set the variables up after %g s"
+                 % (self.role, args.connect_timeout))
+        session.run(self.initialise_local)
+        session.run(self.i_started)
+        absent = lambda: [k for k, s in enumerate(session.run(self.started)) if not s]
+        if self.wait_for_everyone and not wait_for(
+                lambda: not absent(), args.connect_timeout, waiting=lambda: (
+                    "[%s] waiting for worker(s) %s to start" % (self.role, ",".join(
+                        map(str, absent()))))):
+            fail("%s: worker(s) %s did not start within %g s, and every round needs every "
+                 "worker" % (self.role, ",".join(map(str, absent())), args.connect_timeout))
+        self.each_session(session)
+        return session
+
+    def watch(self):
+        """The watchdog: a step that never returns (a peer's restart can leave one waiting
+        forever) cannot be interrupted, so a worker that has completed no step for --watchdog
+        seconds says so and ends its process, and its restart policy starts it again."""
+        while True:
+            time.sleep(1)
+            if time.time() > self.last_step + self.args.watchdog:
+                print("error: %s completed no step for %g s (--watchdog): exiting, so that it "
+                      "can be restarted" % (self.role, self.args.watchdog), file=sys.stderr,
+                      flush=True)
+                os._exit(2)  # sys.exit would wait for the stuck step
+
+    def read_record(self, session):
+        """(started, finished) on ps 0; the chief keeps what it read, to write it back."""
+        started, finished = session.run([self.started, self.finished])
+        self.record_seen = (started, finished)
+        return started, finished
+
+    def after_update(self, session, loss, global_step):
+        """Count the update; every --log_every local steps a progress line (the chief adds the
+        test metrics and, once every 30 s, saves a checkpoint)."""
+        self.step = int(global_step)
+        before = self.local_steps
+        self.local_steps += self.steps_per_update
+        if before // self.args.log_every == self.local_steps // self.args.log_every:
+            return
+        rate = (self.local_steps - self.progress_steps) / (time.time() - self.progress_time)
+        line = "[%s] local_step=%d global_step=%d loss=%.4f" % (
+            self.role, self.local_steps, self.step, loss)
+        if self.is_chief:
+            for name, value in self.evaluate(session, self.step, loss).items():
+                line += " test_%s=%.4f" % (name, value)
+            self.read_record(session)
+            if time.time() > self.last_checkpoint + 30:
+                self.save(session)
+        print(line + " steps_per_sec=%.1f" % rate, flush=True)
+        self.progress_steps, self.progress_time = self.local_steps, time.time()
+
+    def save(self, session):
+        """The chief's checkpoint of every global variable, in --log_dir (it keeps the last 5)."""
+        session.call(lambda raw: self.saver.save(
+            raw, os.path.join(self.args.log_dir, "model.ckpt"), self.step))
+        self.last_checkpoint = time.time()
+
+    def evaluate(self, session, global_step, loss=None):
+        """The test metrics, each a mean over the test set, fed 1000 examples at a time (a large
+        test set is never a graph constant); also to TensorBoard, with the loss if given."""
+        metrics = test_metrics_in_batches(session, self.test_metrics, self.test_x, self.test_y,
+                                          self.test_set)
+        self.writer.add_summary(tensorboard_summary(metrics, loss), global_step)
+        seconds = round(time.time() - self.start_time, 3)
+        self.history.append([seconds, global_step] + list(metrics.values()))
+        return metrics
+
+    def end(self, session, minibatches_per_update=1, **extra):
+        """This worker is done; the chief waits for the others and prints the summary, with the
+        example's extra fields (values, or tensors that it reads now)."""
+        session.run(self.i_finished, {self.my_local_steps: [self.local_steps]})
+        if self.is_chief:
+            workers, my_end = self.cluster["worker"], time.time()
+
+            def still_to_come():  # neither finished, nor lost after starting, nor too late
+                started, finished = self.read_record(session)
+                late = time.time() > my_end + self.args.connect_timeout
+                return [k for k, w in enumerate(workers) if finished[k] < 0
+                        and (is_listening(w) if started[k] else not late)]
+            wait_for(lambda: not still_to_come(), waiting=lambda: (
+                "[worker0] waiting for worker(s) %s to finish" % ",".join(
+                    map(str, still_to_come()))))
+            started, finished = self.read_record(session)  # after the wait
+            local_steps = [int(n) for n in finished]
+            lost = [k for k, n in enumerate(local_steps) if n < 0 and started[k]]
+            absent = [k for k, n in enumerate(local_steps) if n < 0 and not started[k]]
+            if lost:
+                print("[worker0] worker(s) %s failed or were lost" % ",".join(map(str, lost)))
+            if absent:
+                print("[worker0] worker(s) %s never started (waited %g s)"
+                      % (",".join(map(str, absent)), self.args.connect_timeout))
+            self.step = int(session.run(self.global_step))
+            self.save(session)
+            summary = dict(example=EXAMPLE)
+            for name, value in self.evaluate(session, self.step).items():  # what it saved
+                summary["test_" + name] = value
+            rate = (self.step - self.start_step) * minibatches_per_update / (
+                time.time() - self.start_time)
+            summary.update(global_step=self.step, workers=len(workers),
+                           ps=len(self.cluster["ps"]), lost_workers=len(lost + absent),
+                           local_steps=local_steps, updates=self.step - self.start_step,
+                           steps_per_sec=rate, examples_per_sec=rate * self.args.batch_size)
+            for key, value in extra.items():
+                summary[key] = float(session.run(value)) if tf.is_tensor(value) else value
+            print_summary(self.role, summary, self.history, self.args.metrics_file)
+            self.writer.close()
+            session.run(self.end_run)  # the ps tasks end now
+        session.close()
+        print("[%s] done: local_steps=%d" % (self.role, self.local_steps), flush=True)
+        return 0
+
+
+class RecoveringSession(object):
+    """The session Worker.start returns. A step that fails because a task restarted (aborted,
+    unavailable or cancelled: the old session's graphs and devices are gone) closes the session
+    without waiting for it, makes a new one, set up again by Worker.new_session, and runs the
+    step again: at most RETRIES times in a row, after 1, 2, 4 ... s, each try one line."""
+    RETRIES = 6
+
+    def __init__(self, worker):
+        self.worker, self.session, self.made, self.closing = worker, None, 0, []
+
+    def run(self, fetches, feed_dict=None, options=None):
+        return self.call(lambda session: session.run(fetches, feed_dict, options))
+
+    def call(self, step):
+        """step(session), a tf.compat.v1.Session, on a new session if the last one was lost."""
+        for attempt in range(1, self.RETRIES + 2):
+            try:
+                if self.session is None:
+                    self.session = self.worker.new_session(first=self.made == 0)
+                    self.made += 1
+                result = step(self.session)
+                self.worker.last_step = time.time()  # what the watchdog watches
+                return result
+            except (tf.errors.AbortedError, tf.errors.UnavailableError,
+                    tf.errors.CancelledError) as e:
+                if attempt > self.RETRIES or not self.worker.rejoins:
+                    raise
+                print("[%s] lost a step to a restart (%s: %s); a new session in %d s, try %d "
+                      "of %d" % (self.worker.role, type(e).__name__, cause(e), 2 ** (attempt - 1),
+                                 attempt, self.RETRIES), flush=True)
+                if self.session is not None:  # closing waits for its running steps, and a
+                    # step that a restart left waiting may never return: close it aside
+                    self.closing.append(threading.Thread(target=self.session.close, daemon=True))
+                    self.closing[-1].start()
+                    self.session = None
+                time.sleep(2 ** (attempt - 1))
+
+    def close(self):
+        """At the end: the session, and a while for the ones closing aside (a process that
+        exits while a thread is inside TensorFlow aborts)."""
+        if self.session is not None:
+            self.session.close()
+        for thread in self.closing:
+            thread.join(10)
+# <<< shared: cluster and session
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,307 @@
+"""Gradient-Compression: each compressor against its definition, error feedback's bookkeeping,
+the step on a real cluster (every copy takes the same step, a resync makes them equal), and the
+default run through run.sh."""
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import (ACCURACY_BAR, ROOT, assert_a_lost_worker_stops_the_rounds,
+                      assert_nothing_left, error_lines, flags, gradient_reference,
+                      in_process_cluster, in_threads, load_train_module, run_train, values,
+                      worker_config, worker_sessions)
+from test_cluster import needs_namespaces
+
+gc = load_train_module("Gradient-Compression")
+COMPRESSORS = sorted(gc.COMPRESSORS)
+
+
+# --- Each compressor against its definition (one process, no cluster) ----------------------------
+class Codec(object):
+    """A compressor's encode and decode of x in a graph of its own, run with any seed."""
+
+    def __init__(self, name, x, *argv):
+        import tensorflow as tf
+        self.graph = tf.Graph()
+        with self.graph.as_default():
+            self.compressor = gc.COMPRESSORS[name](flags(gc, *argv))
+            self.seed = tf.compat.v1.placeholder(tf.int64, [2])
+            x = tf.constant(x, tf.float32)
+            self.message = self.compressor.encode(x, self.seed)
+            self.decoded = self.compressor.decode(self.message, x.shape, self.seed)
+            self.bytes = gc.message_bytes(self.message)
+        self.session = tf.compat.v1.Session(graph=self.graph)
+
+    def __call__(self, seed=(0, 0)):
+        return self.session.run(self.decoded, {self.seed: seed})
+
+    def mean_over_seeds(self, draws):
+        return np.mean([self((7, i)) for i in range(draws)], axis=0)
+
+
+def some_tensor(shape=(6, 9), seed=0):
+    return np.random.default_rng(seed).normal(size=shape).astype(np.float32)
+
+
+def test_no_compression_and_fp16_send_the_tensor_in_4_and_2_bytes_an_entry():
+    x = some_tensor()
+    assert np.array_equal(Codec("none", x)(), x) and Codec("none", x).bytes == 4 * x.size
+    half = Codec("fp16", x)
+    assert np.array_equal(half(), x.astype(np.float16).astype(np.float32))
+    assert half.bytes == 2 * x.size
+
+
+def test_top_k_keeps_exactly_the_k_largest_magnitudes_in_8_bytes_each():
+    x = some_tensor()  # 54 entries; ratio 0.1: k = 5
+    codec = Codec("topk", x, "--ratio", "0.1")
+    decoded = codec()
+    largest = np.argsort(-np.abs(x).ravel())[:5]
+    expected = np.zeros(x.size, np.float32)
+    expected[largest] = x.ravel()[largest]
+    assert np.array_equal(decoded.ravel(), expected)
+    assert codec.bytes == 8 * 5
+
+
+def test_random_k_sends_k_values_at_coordinates_every_task_draws_alike_times_d_over_k():
+    x = some_tensor()
+    codec = Codec("randk", x, "--ratio", "0.1")
+    decoded = codec((3, 4))
+    chosen = np.flatnonzero(decoded)
+    assert len(chosen) == 5 and codec.bytes == 4 * 5  # values only
+    np.testing.assert_allclose(decoded.ravel()[chosen], x.ravel()[chosen] * 54 / 5, rtol=1e-6)
+    assert np.array_equal(Codec("randk", x, "--ratio", "0.1")((3, 4)), decoded)  # same seed
+    assert not np.array_equal(codec((3, 5)), decoded)  # the next step draws others
+
+
+def test_random_k_is_unbiased():
+    x, draws = some_tensor(), 3000
+    mean = Codec("randk", x, "--ratio", "0.2").mean_over_seeds(draws)  # d/k = 54/11
+    # each entry is x d/k with probability k/d, else 0: variance x^2 (d/k - 1)
+    spread = np.abs(x) * math.sqrt((54 / 11 - 1) / draws)
+    assert np.all(np.abs(mean - x) <= 5 * spread + 1e-6), np.max(np.abs(mean - x) / spread)
+
+
+def test_qsgd_sends_int8_levels_of_the_norm_and_rounds_to_a_neighbouring_level():
+    x = some_tensor()
+    codec = Codec("qsgd", x, "--levels", "4")
+    levels, norm = codec.session.run(codec.message, {codec.seed: (0, 0)})
+    assert levels.dtype == np.int8 and codec.bytes == x.size + 4
+    assert norm == pytest.approx(np.linalg.norm(x), rel=1e-6)
+    decoded = codec()
+    np.testing.assert_allclose(decoded, np.linalg.norm(x) * levels / 4, rtol=1e-6)
+    # every entry lands on one of the two levels around it: at most a level's width away
+    assert np.all(np.abs(decoded - x) <= np.linalg.norm(x) / 4 + 1e-5)
+    assert np.all(np.sign(decoded) * np.sign(x) >= 0)
+
+
+def test_qsgd_is_unbiased():
+    x, draws = some_tensor(), 3000
+    mean = Codec("qsgd", x, "--levels", "4").mean_over_seeds(draws)
+    # a level's width is norm / s, and a rounding between two levels has variance at most
+    # width^2 / 4
+    spread = np.linalg.norm(x) / 4 / 2 / math.sqrt(draws)
+    assert np.all(np.abs(mean - x) <= 5 * spread), np.max(np.abs(mean - x)) / spread
+
+
+def test_sign_packs_8_signs_a_byte_and_scales_them_by_the_mean_magnitude():
+    x = some_tensor((5, 3))  # 15 entries: the last byte is half padding
+    x[0, 0] = 0.0  # sign(0) is sent as +
+    codec = Codec("sign", x)
+    packed, scale = codec.session.run(codec.message, {codec.seed: (0, 0)})
+    assert packed.dtype == np.uint8 and packed.shape == (2,) and codec.bytes == 2 + 4
+    assert scale == pytest.approx(np.abs(x).mean(), rel=1e-6)
+    np.testing.assert_allclose(codec(), np.abs(x).mean() * np.where(x >= 0, 1.0, -1.0),
+                               rtol=1e-6)
+
+
+def test_the_bytes_of_each_compressor_match_its_message():
+    # the MLP of these tests: 5 features, --hidden 8, 10 classes; d = 40 + 8 + 80 + 10
+    shapes = {"w1": (5, 8), "b1": (8,), "w2": (8, 10), "b2": (10,)}
+    size = {n: int(np.prod(s)) for n, s in shapes.items()}
+    k = {n: max(1, round(0.1 * d)) for n, d in size.items()}
+    expected = {"none": 4 * 138, "fp16": 2 * 138, "topk": 8 * sum(k.values()),
+                "randk": 4 * sum(k.values()), "qsgd": 138 + 4 * 4,
+                "sign": sum(math.ceil(d / 8) + 4 for d in size.values()),
+                # rank 2: P (m x 2) and Q (n x 2) per matrix, the vectors dense
+                "powersgd": 4 * (2 * (5 + 8) + 2 * (8 + 10) + 8 + 10)}
+    for name in COMPRESSORS:
+        [(ops, _, _)] = worker_sessions(gc, build, 1, "--compressor", name, "--ratio", "0.1")
+        assert (ops.push_bytes, ops.pull_bytes) == (expected[name], expected[name]), name
+
+
+def test_powersgd_is_exact_on_a_matrix_of_rank_r():
+    import tensorflow as tf
+    rng = np.random.default_rng(1)
+    matrix = (rng.normal(size=(12, 2)) @ rng.normal(size=(2, 9))).astype(np.float32)  # rank 2
+    vector = rng.normal(size=5).astype(np.float32)
+    cluster, [server] = in_process_cluster(1)
+    with tf.Graph().as_default() as graph:
+        args = flags(gc, "--compressor", "powersgd", "--rank", "2")
+        with tf.compat.v1.device(gc.PS):
+            global_params = {"m": tf.compat.v1.Variable(tf.zeros([12, 9])),
+                             "v": tf.compat.v1.Variable(tf.zeros([5]))}
+            step = tf.compat.v1.train.get_or_create_global_step()
+        with tf.compat.v1.device("/job:worker/task:0"):
+            p = {"m": tf.constant(matrix), "v": tf.constant(vector)}
+            wire = gc.Wire(0, 1, gc.random_seeds(0, step.read_value() * 2, ["m", "v"]), False, {},
+                           lambda update, reply: gc.apply_on_ps(global_params, step, update, reply))
+            sent, update, _, _ = gc.powersgd_round_trips(gc.PowerSGD(args), p, wire)
+        init = [tf.compat.v1.global_variables_initializer(),
+                tf.compat.v1.local_variables_initializer()]
+    session = tf.compat.v1.Session(server.target, graph=graph, config=worker_config(0))
+    session.run(init)
+    sent, update = session.run([sent, update])
+    for got in (sent["m"], update["m"], -values(session, global_params)["m"]):
+        np.testing.assert_allclose(got, matrix, rtol=1e-4, atol=1e-5)
+    np.testing.assert_array_equal(update["v"], vector)  # vectors go dense
+
+
+# --- The step on a real cluster, op by op ---------------------------------------------------------
+def build(args, cluster, x, y):
+    """What train() builds, on a fixed batch."""
+    import tensorflow as tf
+    with tf.compat.v1.device(gc.ps_device(args, cluster)):
+        params = gc.model_params(x.shape[1:], args.hidden, args.seed)
+    return gc.build_gradient_compression(args, args.task_index, len(cluster["worker"]), params,
+                                         lambda p: gc.model_loss(p, x, y))
+
+
+def one_step(workers, fetch):
+    """Every worker's step at once; fetch(ops) -> what else each worker reads in its step."""
+    results = {}
+
+    def run(k):
+        ops, session, _ = workers[k]
+        results[k] = session.run([ops.step, fetch(ops)])[1]
+    in_threads(run, len(workers), timeout=60)
+    return [results[k] for k in range(len(workers))]
+
+
+def test_with_no_compression_a_step_is_sync_sgd_n_times_the_rate_times_the_mean_gradient():
+    workers = worker_sessions(gc, build, 2, "--compressor", "none", "--learning_rate", "0.1")
+    ops, session, _ = workers[0]
+    before = values(session, ops.global_params)
+    one_step(workers, lambda ops: ops.loss)
+    gradients = [gradient_reference(gc, before, seed=k) for k in (0, 1)]
+    for name, value in values(session, ops.global_params).items():
+        mean = (gradients[0][name] + gradients[1][name]) / 2
+        np.testing.assert_allclose(value, before[name] - 2 * 0.1 * mean, rtol=1e-4, atol=1e-6,
+                                   err_msg=name)
+
+
+def assert_sums_to(parts, whole, err_msg=""):
+    """parts add up to whole to float precision (a few units in the last place of whole)."""
+    for name in whole:
+        total = sum(part[name] for part in parts)
+        np.testing.assert_allclose(total, whole[name], rtol=0,
+                                   atol=4e-7 * max(np.abs(whole[name]).max(), 1e-30),
+                                   err_msg=err_msg + name)
+
+
+@pytest.mark.parametrize("compressor", ["topk", "sign", "powersgd", "fp16"])
+def test_error_feedback_keeps_what_each_message_missed_to_float_precision(compressor):
+    # p = lr_eff g + e;  C(p) + e_new = p;  on the ps: mean C(p_k) + e_ps = decode(r) + e_ps_new
+    workers = worker_sessions(gc, build, 2, "--compressor", compressor, "--ratio", "0.1",
+                              "--learning_rate", "0.1")
+    assert workers[0][0].error_feedback  # on by default
+    for step in (1, 2, 3):
+        before = [(values(s, o.local_params), values(s, o.residuals)) for o, s, _ in workers]
+        ps_before = values(workers[0][1], workers[0][0].ps_residuals)
+        fetched = one_step(workers, lambda o: {"p": o.p, "sent": o.sent, "update": o.update})
+        for k, (ops, session, _) in enumerate(workers):
+            (params, residual), got = before[k], fetched[k]
+            gradient = gradient_reference(gc, params, seed=k)
+            expected_p = {n: 2 * 0.1 * gradient[n] + residual[n] for n in params}
+            for n in params:
+                np.testing.assert_allclose(got["p"][n], expected_p[n], rtol=1e-4, atol=1e-7)
+            kept = values(session, ops.residuals)
+            assert_sums_to([got["sent"], kept], got["p"], "step %d worker %d " % (step, k))
+            assert any(np.abs(e).max() > 0 for e in kept.values()), "no residual kept"
+        if compressor != "powersgd":  # its reply is exact: the ps keeps no residual
+            mean_sent = {n: (fetched[0]["sent"][n] + fetched[1]["sent"][n]) / 2
+                         for n in fetched[0]["sent"]}
+            ps_after = values(workers[0][1], workers[0][0].ps_residuals)
+            total = {n: mean_sent[n] + ps_before[n] for n in mean_sent}
+            assert_sums_to([fetched[0]["update"], ps_after], total, "the ps, step %d " % step)
+
+
+@pytest.mark.parametrize("argv", [["--compressor", "randk"], ["--compressor", "qsgd"],
+                                  ["--compressor", "topk", "--no-error_feedback"]])
+def test_unbiased_compressors_and_no_error_feedback_keep_no_residual(argv):
+    workers = worker_sessions(gc, build, 2, *argv)
+    assert not workers[0][0].error_feedback
+    one_step(workers, lambda o: o.loss)
+    for ops, session, _ in workers:
+        assert all(np.abs(e).max() == 0 for e in values(session, ops.residuals).values())
+
+
+@pytest.mark.parametrize("compressor", COMPRESSORS)
+def test_every_copy_takes_the_same_step_and_a_resync_repairs_a_copy_that_drifted(compressor):
+    workers = worker_sessions(gc, build, 2, "--compressor", compressor, "--ratio", "0.1",
+                              "--levels", "8")
+    first = values(workers[0][1], workers[0][0].global_params)
+    for step in (1, 2, 3):
+        one_step(workers, lambda o: o.loss)
+        on_ps = values(workers[0][1], workers[0][0].global_params)
+        for ops, session, _ in workers:  # both workers' copies are the ps's, bit for bit
+            assert session.run(ops.global_step) == step
+            for name, value in values(session, ops.local_params).items():
+                np.testing.assert_array_equal(value, on_ps[name], err_msg=name)
+    assert any(np.abs(on_ps[n] - first[n]).max() > 0 for n in first), "nothing moved"
+    ops, session, _ = workers[1]
+    with session.graph.as_default():  # a drift, as a copy on a faulty machine might have
+        session.run(ops.local_params["w1"].assign_add(np.ones_like(on_ps["w1"])))
+    for ops, session, _ in workers:
+        session.run(ops.resync)
+        for name, value in values(session, ops.local_params).items():
+            np.testing.assert_array_equal(value, on_ps[name], err_msg=name)
+
+
+# --- End to end through run.sh --------------------------------------------------------------------
+def test_the_default_run_reaches_the_bar_pushing_and_pulling_top_k_messages(run_example):
+    run = run_example("Gradient-Compression", timeout=240)
+    assert run.code == 0, run.output[-3000:]
+    summary = run.summary()
+    assert float(summary["test_accuracy"]) >= ACCURACY_BAR, summary
+    assert summary["compressor"] == "topk" and summary["error_feedback"] == "True"
+    assert int(summary["global_step"]) == 1000 and summary["local_steps"] == "1000,1000"
+    # top-k at 1%: 8 bytes for each of 1% of the entries, 50 times less than dense fp32
+    assert int(summary["dense_bytes"]) >= 45 * int(summary["push_bytes"])
+    assert summary["pull_bytes"] == summary["push_bytes"]
+    assert "[run.sh] all processes finished" in run.output
+
+
+def test_without_a_worker_the_steps_stop_with_a_clear_error(tmp_path):
+    assert_a_lost_worker_stops_the_rounds("Gradient-Compression", tmp_path, "synchronous step")
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--levels", "200"], "--levels 200 does not fit QSGD's int8 levels: at most 127"),
+    (["--ratio", "2"], "--ratio 2: the fraction of entries sent is at most 1")])
+def test_flags_out_of_range_are_refused_in_one_line(argv, message):
+    code, _, stderr = run_train("Gradient-Compression", ["--job_name", "worker", "--ps_hosts",
+                                                         "localhost:1", "--worker_hosts",
+                                                         "localhost:2"] + argv)
+    assert code == 2 and error_lines(stderr) == ["error: " + message]
+
+
+@pytest.mark.benchmark
+@pytest.mark.cluster
+@pytest.mark.timeout(900)
+@needs_namespaces
+def test_the_compression_benchmark_measures_bytes_on_the_wire_and_accuracy(tmp_path):
+    out = tmp_path / "results"
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "compression.py"),
+                           "--quick", "--bandwidth", "100mbit", "--out", str(out)],
+                          capture_output=True, text=True, timeout=840)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.strip("|").split("|")]
+            for line in (out / "compression.md").read_text().splitlines()
+            if line.startswith(("| none |", "| topk |"))}
+    assert set(rows) == {"none", "topk"}
+    # top-k at 1% pushes 8 bytes for 1% of the entries: many times less on the wire too
+    assert float(rows["topk"][5].split("x")[0]) >= 10, rows
+    assert_nothing_left(str(tmp_path))
