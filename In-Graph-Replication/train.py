@@ -255,6 +255,9 @@ def parse_flags(argv, example_flags, distributed=True):
         ("worker_hosts", str, "", "comma-separated host:port of the workers"),
         ("connect_timeout", positive_seconds, None, "seconds to wait for the other tasks; if "
          "not given, 60, or 600 under TF_CONFIG (a cluster's pods may start minutes apart)"),
+        ("watchdog", float, 300.0, "a worker that completes no step for this many "
+         "seconds exits with an error, so that its restart policy starts it again (the "
+         "tf.compat.v1 examples with a ps)"),
     ]
     for flag, kind, default, text in common + (cluster if distributed else []):
         p.add_argument("--" + flag, type=kind, default=default, help=text)
@@ -334,8 +337,8 @@ def check_cluster(cluster, job, index):
 
 def cause(error):
     """The line of a TensorFlow error that says what went wrong (not where, nor the trace)."""
-    lines = [line for line in error.message.splitlines()
-             if line.strip() and not line.startswith((" ", "\t", "Node: "))]
+    lines = [line for line in error.message.splitlines()  # not a rule of ====, nor indented
+             if any(c.isalpha() for c in line) and not line.startswith((" ", "\t", "Node: "))]
     return lines[-1] if lines else type(error).__name__
 
 

@@ -239,6 +239,9 @@ def parse_flags(argv, example_flags, distributed=True):
         ("worker_hosts", str, "", "comma-separated host:port of the workers"),
         ("connect_timeout", positive_seconds, None, "seconds to wait for the other tasks; if "
          "not given, 60, or 600 under TF_CONFIG (a cluster's pods may start minutes apart)"),
+        ("watchdog", float, 300.0, "a worker that completes no step for this many "
+         "seconds exits with an error, so that its restart policy starts it again (the "
+         "tf.compat.v1 examples with a ps)"),
     ]
     for flag, kind, default, text in common + (cluster if distributed else []):
         p.add_argument("--" + flag, type=kind, default=default, help=text)

@@ -36,6 +36,7 @@ import math
 import os
 import socket
 import sys
+import threading
 import time
 
 import numpy as np
@@ -181,17 +182,32 @@ def train(args, cluster, server, data):
     worker = Worker(args, cluster, lambda x, y: model_metrics(sync.global_params, x, y),
                     (data.x_test, data.y_test))
     straggling = args.task_index == len(cluster["worker"]) - 1 and args.straggler_delay > 0
-    session = worker.start(server, wait_for_everyone=True)  # every round needs every worker
-    sync.hook.after_create_session(session, tf.compat.v1.train.Coordinator())
+    session = worker.start(server, wait_for_everyone=True,  # every round needs every worker
+                           each_session=lambda s: sync.hook.after_create_session(
+                               s, tf.compat.v1.train.Coordinator()))  # again after a restart
+    token = None  # the step this worker sends its next gradient to
     while worker.step < math.ceil(args.steps / replicas_to_aggregate):  # --steps: mini-batches
         if straggling:
             time.sleep(args.straggler_delay)  # simulates a slow machine, nothing more
-        loss, step = sync_round(session, [sync.loss, sync.train_op], args, "synchronous step")
-        worker.after_update(session, loss, step)
+        sent_to = token  # the gradient of this run goes to step sent_to, then a token comes
+        loss, token = sync_round(session, [sync.loss, sync.train_op], args, "synchronous step")
+        if token == sent_to:  # a second token of the step it has just sent to: one a lost or
+            one_gradient_a_step(session, sync, token, args)  # restarting worker left unused
+        worker.after_update(session, loss, token)
     if worker.is_chief:
         session.run(sync.release_workers)
     return worker.end(session, minibatches_per_update=replicas_to_aggregate,
                    replicas_to_aggregate=replicas_to_aggregate, backup_workers=args.backup_workers)
+
+
+def one_gradient_a_step(session, sync, step, args):
+    """Wait until step is aggregated without this worker's second gradient: sent, it would make
+    the step of one worker's two mini-batches (the accumulators count gradients, not workers).
+    Its next gradient, computed for step, is then stale and dropped; a step that does not come
+    within --step_timeout ends the run in one line, as a lost quorum does."""
+    if not wait_for(lambda: session.run(sync.global_step) > step, args.step_timeout):
+        fail("worker%d: no synchronous step completed within %g s: a worker is missing"
+             % (args.task_index, args.step_timeout))
 
 
 def main(argv=None):
@@ -218,8 +234,9 @@ def main(argv=None):
 #   2. variables on the ps (whole, or cut into a slice per ps),
 #      every other op on this worker                              ps_device, sharded_over_the_ps
 #   3. this task's server; a failure ends the task in one line    run_task, fail, cause
-#   4. the start-up: a worker waits for the ps, then for the
-#      chief, who restores the latest checkpoint or initialises   wait_for, is_listening, Worker
+#   4. the start-up: a worker waits for the ps, then for the      reach_the_ps, wait_for,
+#      chief, who restores the latest checkpoint or initialises   is_listening, Worker
+#      where the ps lacks the variables
 #   5. progress lines; the chief's checkpoints and its test
 #      metrics over the test set, in batches, to TensorBoard too  Worker.after_update, save,
 #                                                                  test_metrics_in_batches,
@@ -228,6 +245,10 @@ def main(argv=None):
 #      lost, prints the summary line and ends the run; a ps
 #      serves until then (a TensorFlow server never ends itself)  Worker.end, print_summary,
 #                                                                  serve, run_over_flag
+#   7. restarts: a step lost to a restarted task runs again on a
+#      new session, set up again; a worker whose steps stop
+#      (--watchdog) exits, for its restart policy to start again  RecoveringSession,
+#                                                                  Worker.watch
 # >>> shared: flags
 def fail(message):
     """One line on stderr and exit status 2: for bad input and lost peers, never for bugs."""
@@ -268,6 +289,9 @@ def parse_flags(argv, example_flags, distributed=True):
         ("worker_hosts", str, "", "comma-separated host:port of the workers"),
         ("connect_timeout", positive_seconds, None, "seconds to wait for the other tasks; if "
          "not given, 60, or 600 under TF_CONFIG (a cluster's pods may start minutes apart)"),
+        ("watchdog", float, 300.0, "a worker that completes no step for this many "
+         "seconds exits with an error, so that its restart policy starts it again (the "
+         "tf.compat.v1 examples with a ps)"),
     ]
     for flag, kind, default, text in common + (cluster if distributed else []):
         p.add_argument("--" + flag, type=kind, default=default, help=text)
@@ -347,8 +371,8 @@ def check_cluster(cluster, job, index):
 
 def cause(error):
     """The line of a TensorFlow error that says what went wrong (not where, nor the trace)."""
-    lines = [line for line in error.message.splitlines()
-             if line.strip() and not line.startswith((" ", "\t", "Node: "))]
+    lines = [line for line in error.message.splitlines()  # not a rule of ====, nor indented
+             if any(c.isalpha() for c in line) and not line.startswith((" ", "\t", "Node: "))]
     return lines[-1] if lines else type(error).__name__
 
 
@@ -488,13 +512,19 @@ def run_task(args, cluster, train, data):
     try:
         if job == "ps":
             return serve(index, cluster, server, args.connect_timeout)
-        silent = lambda: [ps for ps in cluster["ps"] if not is_listening(ps)]
-        if not wait_for(lambda: not silent(), args.connect_timeout, waiting=lambda: (
-                "[worker%d] waiting for the ps at %s" % (index, ",".join(silent())))):
-            fail("cannot reach the ps at %s: is it running?" % ",".join(silent()))
+        reach_the_ps(args, cluster)
         return train(args, cluster, server, data)
     except tf.errors.OpError as e:
         fail("%s %d stopped: %s: %s" % (job, index, type(e).__name__, cause(e)))
+
+
+def reach_the_ps(args, cluster):
+    """Wait until every ps listens, at most --connect_timeout: a worker starts after it, and
+    after it restarted."""
+    silent = lambda: [ps for ps in cluster["ps"] if not is_listening(ps)]
+    if not wait_for(lambda: not silent(), args.connect_timeout, waiting=lambda: (
+            "[worker%d] waiting for the ps at %s" % (args.task_index, ",".join(silent())))):
+        fail("cannot reach the ps at %s: is it running?" % ",".join(silent()))
 
 
 def run_over_flag(ps_index):
@@ -527,18 +557,21 @@ def serve(index, cluster, server, connect_timeout):
 class Worker(object):
     """A worker's part of the run, given what train() built: test_metrics(x, y), a dict of
     metric tensors for a batch of test examples (each a mean over the batch), and test_set,
-    (x_test, y_test), fed to it in batches. start: the session; the chief restores the latest
-    checkpoint in --log_dir, or initialises the variables, while the others wait for it.
-    after_update: progress lines; the chief's test metrics, TensorBoard summaries and a
-    checkpoint every 30 s. end: the chief waits for the others, saves, prints the summary line
-    and ends the run. The run's record on ps 0 says which workers started and how many local
-    steps each made: the chief waits for every worker to finish, to close its port after
-    starting (lost), or not to start within --connect_timeout; then it raises every ps's
-    run-over flag."""
+    (x_test, y_test), fed to it in batches. start: the session (a RecoveringSession); in each
+    new one the chief restores the latest checkpoint in --log_dir, or initialises the
+    variables, where the ps lacks them, while the others wait for it. after_update: progress
+    lines; the chief's test metrics, TensorBoard summaries and a checkpoint every 30 s. end:
+    the chief waits for the others, saves, prints the summary line and ends the run. The run's
+    record on ps 0 says which workers started and how many local steps each made: the chief
+    waits for every worker to finish, to close its port after starting (lost), or not to start
+    within --connect_timeout; then it raises every ps's run-over flag. A ps that restarts loses
+    the record: the chief writes back what it last read. rejoins=False: an example whose
+    workers cannot take up a run again (Evolution-Strategies): a restarted task, or a session
+    lost to a restart, ends the task in one line."""
 
-    def __init__(self, args, cluster, test_metrics, test_set, steps_per_update=1):
+    def __init__(self, args, cluster, test_metrics, test_set, steps_per_update=1, rejoins=True):
         self.args, self.cluster, self.test_set = args, cluster, test_set
-        self.steps_per_update = steps_per_update
+        self.steps_per_update, self.rejoins = steps_per_update, rejoins
         self.role = "worker%d" % args.task_index
         self.is_chief = args.task_index == 0
         self.global_step = tf.compat.v1.train.get_or_create_global_step()
@@ -561,59 +594,110 @@ class Worker(object):
                                                       self.my_local_steps)
         run_over = [run_over_flag(k) for k in range(len(cluster["ps"]))]
         self.end_run = tf.group([flag.assign(True) for flag in run_over])
-        if self.is_chief:  # a restarted chief sets up only what is not yet there
+        if self.is_chief:  # a restarted chief, or a restarted ps, sets up only what is not there
             self.record = [(tf.compat.v1.is_variable_initialized(v), v.initializer)
                            for v in [self.started, self.finished] + run_over]
+            self.record_fed = [tf.compat.v1.placeholder(tf.int64, [workers]) for _ in "sf"]
+            self.write_back = [self.started.assign(self.record_fed[0]),
+                               self.finished.assign(self.record_fed[1])]
+            self.record_seen = None  # (started, finished) as the chief last read them
+        self.has_record = tf.compat.v1.is_variable_initialized(self.started)
         self.local_steps, self.history = 0, []
 
-    def start(self, server, wait_for_everyone=False):
+    def start(self, server, wait_for_everyone=False, each_session=None):
         """The session, once the variables on the ps are ready; with wait_for_everyone (a
         synchronous example, whose every round needs every worker), once every worker has
-        started as well, however far apart the tasks start."""
+        started as well, however far apart the tasks start. each_session(session): the
+        example's own start-up, run again in every new session (a synchronous optimizer's)."""
         args = self.args
+        self.server, self.wait_for_everyone = server, wait_for_everyone
+        self.each_session = each_session or (lambda session: None)
         self.saver = tf.compat.v1.train.Saver()  # every global variable: all are made by now
-        initialise_local = tf.compat.v1.local_variables_initializer()
-        if self.is_chief:
-            initialise = tf.compat.v1.global_variables_initializer()
-        else:
-            not_ready = tf.compat.v1.report_uninitialized_variables(tf.compat.v1.global_variables())
+        self.initialise_local = tf.compat.v1.local_variables_initializer()
+        self.initialise = tf.compat.v1.global_variables_initializer()
+        self.not_ready = tf.compat.v1.report_uninitialized_variables(
+            tf.compat.v1.global_variables())
         tf.compat.v1.get_default_graph().finalize()  # a loop that adds ops would grow forever
-        # filter devices, or the session waits for every worker to answer, even those that left
-        session = tf.compat.v1.Session(server.target, config=tf.compat.v1.ConfigProto(
-            device_filters=["/job:ps", "/job:worker/task:%d" % args.task_index],
-            intra_op_parallelism_threads=1))
         if self.is_chief:
             print("[worker0] chief: log_dir=%s" % args.log_dir, flush=True)
-            self.writer = tf.compat.v1.summary.FileWriter(args.log_dir, session.graph)
+            self.writer = tf.compat.v1.summary.FileWriter(args.log_dir,
+                                                          tf.compat.v1.get_default_graph())
+        session = RecoveringSession(self)
+        self.step = self.start_step = int(session.run(self.global_step))
+        self.start_time, self.last_checkpoint = time.time(), 0  # the first evaluation saves
+        self.progress_steps, self.progress_time = 0, self.start_time  # at the last progress line
+        print("[%s] training started" % self.role, flush=True)
+        threading.Thread(target=self.watch, daemon=True).start()
+        return session
+
+    def new_session(self, first):
+        """A session on this task's server, set up: the chief initialises the record where it
+        is missing (writing back what it last read, after a ps restarted) and restores the
+        latest checkpoint, or initialises, where the ps lacks the variables: a restarted worker
+        does not roll the run back. The others wait for it; then every worker initialises its
+        own variables and marks itself started."""
+        args = self.args
+        reach_the_ps(args, self.cluster)
+        # filter devices, or the session waits for every worker to answer, even those that left
+        session = tf.compat.v1.Session(self.server.target, config=tf.compat.v1.ConfigProto(
+            device_filters=["/job:ps", "/job:worker/task:%d" % args.task_index],
+            intra_op_parallelism_threads=1))
+        if first and not self.rejoins and session.run(self.has_record) and session.run(
+                self.started)[args.task_index]:  # this worker started once already
+            fail("%s: %s cannot take a restarted worker back into a run in progress; start "
+                 "the whole run again" % (self.role, EXAMPLE))
+        if self.is_chief:
+            record_lost = not session.run(self.has_record)  # a new run, or ps 0 restarted
             for is_set_up, initializer in self.record:
                 if not session.run(is_set_up):
                     session.run(initializer)
-            checkpoint = tf.train.latest_checkpoint(args.log_dir)
-            if checkpoint:
-                self.saver.restore(session, checkpoint)
-                print("[worker0] resuming from the checkpoint at global step %d"
+            if record_lost and self.record_seen is not None:  # ps 0 restarted: the record back
+                session.run(self.write_back, dict(zip(self.record_fed, self.record_seen)))
+            if len(session.run(self.not_ready)) > 0:  # a new run, or the ps restarted
+                checkpoint = tf.train.latest_checkpoint(args.log_dir)
+                if checkpoint:
+                    self.saver.restore(session, checkpoint)
+                    print("[worker0] resuming from the checkpoint at global step %d"
+                          % session.run(self.global_step), flush=True)
+                else:
+                    session.run(self.initialise)
+            elif first:
+                print("[worker0] resuming at global step %d: the ps kept the variables"
                       % session.run(self.global_step), flush=True)
-            else:
-                session.run(initialise)
-        elif not wait_for(lambda: len(session.run(not_ready)) == 0, args.connect_timeout,
+        elif not wait_for(lambda: len(session.run(self.not_ready)) == 0, args.connect_timeout,
                           waiting=lambda: "[%s] waiting for the chief (worker0) to set up the "
                                           "variables" % self.role):
             fail("%s: the chief has not set the variables up after %g s"
                  % (self.role, args.connect_timeout))
-        session.run(initialise_local)
+        session.run(self.initialise_local)
         session.run(self.i_started)
         absent = lambda: [k for k, s in enumerate(session.run(self.started)) if not s]
-        if wait_for_everyone and not wait_for(lambda: not absent(), args.connect_timeout,
-                                              waiting=lambda: "[%s] waiting for worker(s) %s to "
-                                              "start" % (self.role, ",".join(map(str, absent())))):
+        if self.wait_for_everyone and not wait_for(
+                lambda: not absent(), args.connect_timeout, waiting=lambda: (
+                    "[%s] waiting for worker(s) %s to start" % (self.role, ",".join(
+                        map(str, absent()))))):
             fail("%s: worker(s) %s did not start within %g s, and every round needs every "
                  "worker" % (self.role, ",".join(map(str, absent())), args.connect_timeout))
-        self.step = self.start_step = int(session.run(self.global_step))
-        self.start_time = time.time()
-        self.last_checkpoint = 0.0  # the first progress line saves one
-        self.progress_steps, self.progress_time = 0, self.start_time  # at the last progress line
-        print("[%s] training started" % self.role, flush=True)
+        self.each_session(session)
         return session
+
+    def watch(self):
+        """The watchdog: a step that never returns (a peer's restart can leave one waiting
+        forever) cannot be interrupted, so a worker that has completed no step for --watchdog
+        seconds says so and ends its process, and its restart policy starts it again."""
+        while True:
+            time.sleep(1)
+            if time.time() > self.last_step + self.args.watchdog:
+                print("error: %s completed no step for %g s (--watchdog): exiting, so that it "
+                      "can be restarted" % (self.role, self.args.watchdog), file=sys.stderr,
+                      flush=True)
+                os._exit(2)  # sys.exit would wait for the stuck step
+
+    def read_record(self, session):
+        """(started, finished) on ps 0; the chief keeps what it read, to write it back."""
+        started, finished = session.run([self.started, self.finished])
+        self.record_seen = (started, finished)
+        return started, finished
 
     def after_update(self, session, loss, global_step):
         """Count the update; every --log_every local steps a progress line (the chief adds the
@@ -629,6 +713,7 @@ class Worker(object):
         if self.is_chief:
             for name, value in self.evaluate(session, self.step, loss).items():
                 line += " test_%s=%.4f" % (name, value)
+            self.read_record(session)
             if time.time() > self.last_checkpoint + 30:
                 self.save(session)
         print(line + " steps_per_sec=%.1f" % rate, flush=True)
@@ -636,7 +721,8 @@ class Worker(object):
 
     def save(self, session):
         """The chief's checkpoint of every global variable, in --log_dir (it keeps the last 5)."""
-        self.saver.save(session, os.path.join(self.args.log_dir, "model.ckpt"), self.step)
+        session.call(lambda raw: self.saver.save(
+            raw, os.path.join(self.args.log_dir, "model.ckpt"), self.step))
         self.last_checkpoint = time.time()
 
     def evaluate(self, session, global_step, loss=None):
@@ -657,14 +743,14 @@ class Worker(object):
             workers, my_end = self.cluster["worker"], time.time()
 
             def still_to_come():  # neither finished, nor lost after starting, nor too late
-                started, finished = session.run([self.started, self.finished])
+                started, finished = self.read_record(session)
                 late = time.time() > my_end + self.args.connect_timeout
                 return [k for k, w in enumerate(workers) if finished[k] < 0
                         and (is_listening(w) if started[k] else not late)]
             wait_for(lambda: not still_to_come(), waiting=lambda: (
                 "[worker0] waiting for worker(s) %s to finish" % ",".join(
                     map(str, still_to_come()))))
-            started, finished = session.run([self.started, self.finished])  # after the wait
+            started, finished = self.read_record(session)  # after the wait
             local_steps = [int(n) for n in finished]
             lost = [k for k, n in enumerate(local_steps) if n < 0 and started[k]]
             absent = [k for k, n in enumerate(local_steps) if n < 0 and not started[k]]
@@ -692,6 +778,52 @@ class Worker(object):
         session.close()
         print("[%s] done: local_steps=%d" % (self.role, self.local_steps), flush=True)
         return 0
+
+
+class RecoveringSession(object):
+    """The session Worker.start returns. A step that fails because a task restarted (aborted,
+    unavailable or cancelled: the old session's graphs and devices are gone) closes the session
+    without waiting for it, makes a new one, set up again by Worker.new_session, and runs the
+    step again: at most RETRIES times in a row, after 1, 2, 4 ... s, each try one line."""
+    RETRIES = 6
+
+    def __init__(self, worker):
+        self.worker, self.session, self.made, self.closing = worker, None, 0, []
+
+    def run(self, fetches, feed_dict=None, options=None):
+        return self.call(lambda session: session.run(fetches, feed_dict, options))
+
+    def call(self, step):
+        """step(session), a tf.compat.v1.Session, on a new session if the last one was lost."""
+        for attempt in range(1, self.RETRIES + 2):
+            try:
+                if self.session is None:
+                    self.session = self.worker.new_session(first=self.made == 0)
+                    self.made += 1
+                result = step(self.session)
+                self.worker.last_step = time.time()  # what the watchdog watches
+                return result
+            except (tf.errors.AbortedError, tf.errors.UnavailableError,
+                    tf.errors.CancelledError) as e:
+                if attempt > self.RETRIES or not self.worker.rejoins:
+                    raise
+                print("[%s] lost a step to a restart (%s: %s); a new session in %d s, try %d "
+                      "of %d" % (self.worker.role, type(e).__name__, cause(e), 2 ** (attempt - 1),
+                                 attempt, self.RETRIES), flush=True)
+                if self.session is not None:  # closing waits for its running steps, and a
+                    # step that a restart left waiting may never return: close it aside
+                    self.closing.append(threading.Thread(target=self.session.close, daemon=True))
+                    self.closing[-1].start()
+                    self.session = None
+                time.sleep(2 ** (attempt - 1))
+
+    def close(self):
+        """At the end: the session, and a while for the ones closing aside (a process that
+        exits while a thread is inside TensorFlow aborts)."""
+        if self.session is not None:
+            self.session.close()
+        for thread in self.closing:
+            thread.join(10)
 # <<< shared: cluster and session
 
 

@@ -244,23 +244,81 @@ def test_the_chief_waits_for_a_worker_that_starts_after_it_has_finished(tmp_path
     assert_nothing_left(str(tmp_path))
 
 
-def test_a_chief_killed_and_restarted_resumes_from_its_checkpoint_and_ends_the_run(tmp_path):
+def test_a_chief_killed_and_restarted_takes_the_run_up_where_the_ps_left_it(tmp_path):
+    # the ps kept the variables, which worker 1 trained on meanwhile: the restarted chief goes on
+    # from them (a checkpoint would roll the run back) and ends the run
     tasks = Tasks(tmp_path, 2, "--steps", "3000", "--log_every", "50")
     try:
         ps, chief, other = tasks.start("ps"), tasks.start("worker", 0), tasks.start("worker", 1)
-        tasks.wait_for_line("worker0", "local_step=100", timeout=120)  # a checkpoint at 50
+        tasks.wait_for_line("worker0", "local_step=100", timeout=120)
         chief.kill()
         chief.wait()
+        last_seen = max(int(l.split("global_step=")[1].split()[0])
+                        for _, l in tasks.lines["worker0"] if "global_step=" in l)
         assert ps.poll() is None  # the ps waits for a chief to end the run
         chief = tasks.start("worker", 0)
-        tasks.wait_for_line("worker0", "resuming from the checkpoint at global step",
-                            timeout=120)
+        tasks.wait_for_line("worker0", "the ps kept the variables", timeout=120)
+        resumed = [l for _, l in tasks.lines["worker0"] if "the ps kept the variables" in l][0]
+        assert int(resumed.split("global step ")[1].split(":")[0]) >= last_seen, resumed
         assert chief.wait(timeout=180) == 0, tasks.output("worker0")
         assert other.wait(timeout=60) == 0 and ps.wait(timeout=30) == 0, tasks.output("ps0")
         summary = [l for _, l in tasks.lines["worker0"] if "] summary " in l][-1]
         assert "lost_workers=0" in summary, summary
         assert float(summary.split("test_accuracy=")[1].split()[0]) >= ACCURACY_BAR
     finally:
+        tasks.stop_all()
+    assert_nothing_left(str(tmp_path))
+
+
+@pytest.mark.restarts
+def test_a_parameter_server_killed_and_restarted_is_restored_by_the_chief_and_the_run_ends(
+        tmp_path):
+    # the new ps has no variables and no record of the run: the chief notices at its next step,
+    # restores its last checkpoint and writes the record back; both workers take up the run again
+    tasks = Tasks(tmp_path, 2, "--steps", "20000", "--log_every", "200")
+    try:
+        ps, chief, other = tasks.start("ps"), tasks.start("worker", 0), tasks.start("worker", 1)
+        deadline = time.time() + 150  # the chief's first checkpoint comes after 30 s
+        while not os.path.exists(tmp_path / "logs" / "checkpoint") and time.time() < deadline:
+            assert chief.poll() is None, tasks.output("worker0")
+            time.sleep(0.5)
+        assert os.path.exists(tmp_path / "logs" / "checkpoint"), tasks.output("worker0")
+        ps.kill()
+        ps.wait()
+        ps = tasks.start("ps")
+        tasks.wait_for_line("worker0", "resuming from the checkpoint at global step", timeout=120)
+        assert chief.wait(timeout=240) == 0, tasks.output("worker0")
+        assert other.wait(timeout=60) == 0, tasks.output("worker1")
+        assert ps.wait(timeout=30) == 0, tasks.output("ps0")
+        assert "[ps0] the run is over; shutting down" in tasks.output("ps0")
+        for role in ("worker0", "worker1"):  # each lost a step, and said so in a line
+            assert "lost a step to a restart" in tasks.output(role), tasks.output(role)
+        summary = [l for _, l in tasks.lines["worker0"] if "] summary " in l][-1]
+        assert "lost_workers=0" in summary, summary  # the record came back with the chief
+        assert float(summary.split("test_accuracy=")[1].split()[0]) >= ACCURACY_BAR
+    finally:
+        tasks.stop_all()
+    assert_nothing_left(str(tmp_path))
+
+
+def test_a_worker_whose_step_never_returns_exits_after_the_watchdogs_time(tmp_path):
+    # a stopped ps answers nothing: the chief's step waits forever, and only ending the process
+    # bounds that; a restart policy would then start it again
+    tasks = Tasks(tmp_path, 1, "--steps", "1000000", "--log_every", "100", "--watchdog", "5")
+    try:
+        ps, chief = tasks.start("ps"), tasks.start("worker", 0)
+        tasks.wait_for_line("worker0", "local_step=100", timeout=120)
+        ps.send_signal(signal.SIGSTOP)
+        stopped_at = time.time()
+        assert chief.wait(timeout=60) == 2, tasks.output("worker0")
+        assert 5 <= time.time() - stopped_at < 30
+        assert tasks.lines["worker0"][-1][1] == ("error: worker0 completed no step for 5 s "
+                                                 "(--watchdog): exiting, so that it can be "
+                                                 "restarted")
+    finally:
+        for proc in tasks.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)
         tasks.stop_all()
     assert_nothing_left(str(tmp_path))
 
@@ -461,6 +519,9 @@ def test_a_tensorflow_error_is_reported_by_its_cause_not_its_node_or_trace():
                                    "line 1\nNode: 'x'\nthe step was aborted\n\t [[{{node x}}]]")
     assert train.cause(error) == "the step was aborted"
     assert train.cause(tf.errors.UnavailableError(None, None, "Socket closed")) == "Socket closed"
+    assert train.cause(tf.errors.UnavailableError(None, None, "Connection reset by peer\n"
+                                                  "=====================")) == (
+        "Connection reset by peer")  # a rule says nothing
 
 
 @pytest.mark.parametrize("example", ["Distributed-Setup", "Sync-SGD"])

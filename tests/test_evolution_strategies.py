@@ -1,13 +1,18 @@
 """Evolution-Strategies: shared seeds rebuild the same noise everywhere, every copy of theta stays
 bit-identical, one update is the formula's, a late or lost worker is waited for a bounded time,
 and only seeds and fitness values cross the network."""
+import os
+import signal
+import subprocess
 import time
 
 import numpy as np
 import pytest
 
-from conftest import (ACCURACY_BAR, assert_a_killed_worker_does_not_hang_the_others, finish,
-                      in_process_cluster, load_train_module, worker_config)
+from conftest import (ACCURACY_BAR, assert_a_killed_worker_does_not_hang_the_others,
+                      assert_nothing_left, error_lines, example_dir, finish,
+                      in_process_cluster, load_train_module, read_until, start_example,
+                      worker_config)
 
 EXAMPLE = "Evolution-Strategies"
 OPTIMUM = np.array([1.0, -2.0, 0.5], np.float32)  # the quadratic fitness's known maximum
@@ -187,6 +192,71 @@ def test_a_worker_behind_sees_lists_waiting_and_applies_them_in_order():
     steps = [values(other.run(es1.update, options=timeout(30))) for _ in range(3)]
     assert steps == [(1, 2, 2), (2, 2, 1), (3, 2, 0)]  # in order: 2, then 1, then 0 waiting
     assert theta_of(es0, chief).tobytes() == theta_of(es1, other).tobytes()
+
+
+def test_a_worker_that_starts_late_labels_its_pairs_with_its_thetas_generation_and_catches_up():
+    # the chief sent its theta at generation 0 and closed three generations alone; worker 1's
+    # session starts only now, when the global step is 3: it takes theta with its generation,
+    # publishes pairs of generation 0 (left out: that list is made), then applies lists 0, 1, 2
+    import tensorflow as tf
+    module = load_train_module(EXAMPLE)
+    cluster, servers = in_process_cluster(2)
+
+    def worker(k):
+        args = module.parse_flags(["--task_index", str(k), "--population", "4", "--sigma", "0.1",
+                                   "--learning_rate", "0.05", "--generation_timeout", "0.2"],
+                                  module.example_flags)
+        graph = tf.Graph()
+        with graph.as_default():
+            es = module.build_evolution_strategies(args, cluster, start_params, quadratic)
+            init = [tf.compat.v1.global_variables_initializer(),
+                    tf.compat.v1.local_variables_initializer()]
+        return es, tf.compat.v1.Session(servers[k].target, graph=graph,
+                                        config=worker_config(k)), init
+    es0, chief, init = worker(0)
+    chief.run(init[0])
+    chief.run(init[1])
+    chief.run(es0.send_start)
+    for _ in range(3):
+        chief.run(es0.publish)
+        chief.run(es0.update)
+    es1, late, init = worker(1)
+    late.run(init[1])  # its own generation variable starts at the global step, 3
+    assert late.run(es1.receive_start, options=timeout(30)) == 0
+    _, first = late.run([es1.publish, es1.update], options=timeout(30))  # as train() runs it
+    steps = [values(first)] + [values(late.run(es1.update, options=timeout(30)))
+                               for _ in range(2)]
+    assert steps == [(1, 2, 2), (2, 2, 1), (3, 2, 0)]
+    table = chief.run(es0.table)
+    assert list(table[2:, 0]) == [0, 0], table  # its rows: generation 0, not 3
+    assert theta_of(es0, chief).tobytes() == theta_of(es1, late).tobytes()
+
+
+def test_a_restarted_worker_is_refused_in_one_line_and_the_chief_trains_on(tmp_path):
+    # its copy of theta and its generation are gone, and the start message it took is spent:
+    # it cannot rejoin exactly, so it says so instead of training on a theta of its own
+    proc = start_example(EXAMPLE, ["--log_dir", str(tmp_path / "logs"), "--log_every", "50",
+                                   "--steps", "4000"])
+    try:
+        seen = read_until(proc, "[worker1] local_step=", timeout=120)
+        pid = int(seen.split("started worker1 pid=")[1].split()[0])
+        with open("/proc/%d/cmdline" % pid) as f:
+            command = f.read().split("\0")[:-1]
+        os.kill(pid, signal.SIGKILL)
+        again = subprocess.run(command, cwd=example_dir(EXAMPLE), capture_output=True,
+                               text=True, timeout=120)
+        run = finish(proc, timeout=180)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert again.returncode == 2, again.stderr[-3000:]
+    assert error_lines(again.stderr) == [
+        "error: worker1: Evolution-Strategies cannot take a restarted worker back into a run "
+        "in progress; start the whole run again"]
+    assert run.code == 1, run.output[-3000:]  # run.sh names the lost worker
+    summary = run.summary()
+    assert summary["lost_workers"] == "1" and summary["global_step"] == "2000", summary
+    assert_nothing_left(str(tmp_path))
 
 
 def checksums(run):
