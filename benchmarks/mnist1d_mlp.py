@@ -5,8 +5,8 @@
 
 Greydanus and Kobak (2020, arXiv:2011.14439, Table 1) report 68% test accuracy on MNIST-1D for
 an MLP of 40-100-100-10 with a residual connection around the second layer, trained with Adam
-at a learning rate of 1e-2 on batches of 100 for 8000 steps. This script does what README.md's
-"Use your own model" asks of a user: it copies Non-Distributed-Setup into a temporary folder,
+at a learning rate of 1e-2 on batches of 100 for 8000 steps. This script does what
+docs/own-model.md asks of a user: it copies Non-Distributed-Setup into a temporary folder,
 replaces the copy's Model section (between its "shared: model" markers) with that MLP, and
 runs the copy's run.sh on the cached MNIST-1D (benchmarks/problems.py) with --hidden 100
 --batch_size 100 --learning_rate 0.01 --steps 8000. Every line below the copy's plumbing banner
