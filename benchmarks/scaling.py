@@ -259,8 +259,7 @@ def main(argv=None, prog="scaling.py"):
     bounds = bounds_table(results, baseline)
     print(bounds)
     if runs.publishing(args, args.quick):
-        readme.publish("scaling.py", table, [readme.BENCHMARKS_README,
-                                             os.path.join(runs.ROOT, "README.md")])
+        readme.publish("scaling.py", table, [readme.BENCHMARKS_README])
         readme.publish("scaling.py#bounds", bounds, [readme.BENCHMARKS_README])
         for example, text in example_sections(results, baseline, settings).items():
             readme.publish("scaling.py#" + example, text,
