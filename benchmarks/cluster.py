@@ -77,7 +77,7 @@ import tempfile
 import threading
 import time
 
-from shared import error, format_rate, parse_rate  # benchmarks/shared.py
+from command_line import error, format_rate, parse_rate  # the one-line error, link rates
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_SUBNET = "10.77.0.0/16"
