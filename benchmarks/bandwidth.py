@@ -35,26 +35,12 @@ import sys
 import time
 
 import cluster  # benchmarks/cluster.py: the hosts, the rates and the bound
-import shared  # benchmarks/shared.py: link rates and the one-line error
-import readme  # benchmarks/readme.py: the figures reach the READMEs only through here
-import runs  # benchmarks/runs.py: how this benchmark runs an example and reads its metrics
-from runs import BASELINE, TARGET, mini_batches_per_sec, time_to_target
+import command_line  # link rates and the one-line error
+import published_tables  # the figures reach the READMEs only through here
+import example_runs  # how this benchmark runs an example and reads its metrics
+from example_runs import BASELINE, TARGET, mini_batches_per_sec, time_to_target
 
 DEFAULT_RATES = "unlimited,1gbit,100mbit,20mbit"
-
-
-def parse_rates(text):
-    """'unlimited,1gbit,20mbit' -> [(label, bits per second or None)], fastest first, each rate
-    once; a bad rate raises ValueError with cluster.py's explanation."""
-    rates = {}
-    for label in (t.strip().lower() for t in text.split(",")):
-        if not label:
-            continue
-        rates.setdefault(runs.link_rate(label), label)
-    if not rates:
-        raise ValueError("--bandwidth: give at least one rate, e.g. unlimited,20mbit")
-    fastest_first = sorted(rates, key=lambda bits: float("-inf") if bits is None else -bits)
-    return [(rates[bits], bits) for bits in fastest_first]
 
 
 def rank(values, higher_is_better):
@@ -89,8 +75,8 @@ def write_table(path, results, baseline, rates, settings):
     reach = {example: time_to_target(m, target) for example, m in slow.items()}
     speed = {example: mini_batches_per_sec(m) for example, m in slow.items()}
     by_time, by_speed = rank(reach, higher_is_better=False), rank(speed, higher_is_better=True)
-    at = shared.format_rate(rates[-1][1])
-    columns = (["example"] + ["mini-batches/s, %s" % shared.format_rate(b) for _, b in rates]
+    at = command_line.format_rate(rates[-1][1])
+    columns = (["example"] + ["mini-batches/s, %s" % command_line.format_rate(b) for _, b in rates]
                + ["kB per mini-batch", "fraction of the bound, " + at,
                   "seconds to %.2f, %s" % (target, at), "rank by time to %.2f, %s" % (target, at),
                   "rank by mini-batches/s, " + at])
@@ -134,18 +120,18 @@ def plot_positions(rates):
 
 
 def plot_bandwidth(path, results, baseline, rates):
-    plt = runs.pyplot()
+    plt = example_runs.pyplot()
     fig, ax = plt.subplots(figsize=(11, 5.5))
     xs = plot_positions(rates)
     for i, (example, by_rate) in enumerate(results.items()):
         ax.plot(xs, [mini_batches_per_sec(by_rate[label]) for label, _ in rates], label=example,
-                **runs.line_style(i))
+                **example_runs.line_style(i))
     ax.axhline(mini_batches_per_sec(baseline), color="gray", linestyle="--", linewidth=1.5,
                label="%s (one process, no network)" % BASELINE)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xticks(xs)
-    ax.set_xticklabels([shared.format_rate(b) for _, b in rates])
+    ax.set_xticklabels([command_line.format_rate(b) for _, b in rates])
     ax.xaxis.set_minor_locator(plt.NullLocator())
     ax.yaxis.set_major_locator(plt.LogLocator(subs=(1.0, 2.0, 5.0)))
     ax.yaxis.set_major_formatter(plt.FuncFormatter(lambda y, _: "%g" % y))
@@ -161,16 +147,16 @@ def plot_bandwidth(path, results, baseline, rates):
 
 def plot_accuracy(path, results, baseline, rate, target=TARGET):
     label, bits = rate
-    runs.plot_accuracy_against_time(
+    example_runs.plot_accuracy_against_time(
         path, [(example, by_rate[label]["history"]) for example, by_rate in results.items()],
-        "Test accuracy against wall time, every link at %s" % shared.format_rate(bits),
+        "Test accuracy against wall time, every link at %s" % command_line.format_rate(bits),
         reference=("%s (one process, no network)" % BASELINE, baseline["history"]),
         target=target)
 
 
 def parser(prog):
-    p = runs.argparse_for(prog, __doc__, "python benchmarks/bandwidth.py --help")
-    runs.add_run_flags(p, problem=True)
+    p = example_runs.argparse_for(prog, __doc__, "python benchmarks/bandwidth.py --help")
+    example_runs.add_run_flags(p, problem=True)
     p.add_argument("--bandwidth", default=DEFAULT_RATES, metavar="RATES",
                    help="comma-separated link rates in tc's units, or unlimited (default: %s)"
                         % DEFAULT_RATES)
@@ -185,12 +171,12 @@ def parser(prog):
 
 def main(argv=None, prog="bandwidth.py"):
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = runs.parse_run_flags(parser(prog), argv)
+    args = example_runs.parse_run_flags(parser(prog), argv)
     if args.quick:
         args.steps, args.eval_every = 300, 20
     try:
-        rates = parse_rates(args.bandwidth)
-        names = runs.select_examples(args.examples)
+        rates = command_line.parse_rates(args.bandwidth)
+        names = example_runs.select_examples(args.examples)
         if names == [BASELINE]:
             raise ValueError("--examples: name at least one distributed example")
         if args.workers < 1:
@@ -198,28 +184,28 @@ def main(argv=None, prog="bandwidth.py"):
         if not args.from_logs:  # before any run: a machine that cannot fails in one line
             cluster.check_machine(needs_tc=any(bits is not None for _, bits in rates))
     except (ValueError, cluster.SetupError) as e:
-        return shared.error(str(e))
+        return command_line.error(str(e))
     distributed, who = [e for e in names if e != BASELINE], os.path.splitext(prog)[0]
     plan = [(e, label) for e in distributed for label, _ in rates]
     started = time.time()
     progress = lambda i, what: print("[%d/%d] %s (%.0f s so far)" % (
         i, len(plan) + 1, what, time.time() - started), file=sys.stderr, flush=True)
     progress(1, "%s, one process, no network" % BASELINE)
-    baseline = runs.run_example(BASELINE, 1, args, "bandwidth-%s" % BASELINE, who=who)
+    baseline = example_runs.run_example(BASELINE, 1, args, "bandwidth-%s" % BASELINE, who=who)
     results = {}
     for i, (example, label) in enumerate(plan, 2):
         progress(i, "%s, %d workers, links %s" % (example, args.workers, label))
-        results.setdefault(example, {})[label] = runs.run_example(
+        results.setdefault(example, {})[label] = example_runs.run_example(
             example, args.workers, args, "bandwidth-%s-%s" % (example, label),
             bandwidth=label, who=who)
     os.makedirs(args.out, exist_ok=True)
-    settings = dict(command=runs.command_line(prog, argv, sudo=True), workers=args.workers,
+    settings = dict(command=example_runs.rerun_command(prog, argv, sudo=True), workers=args.workers,
                     steps=args.steps, batch_size=args.batch_size, target=args.target)
     table = write_table(os.path.join(args.out, "bandwidth.md"), results, baseline, rates,
                         settings)
     print(table)
-    if runs.publishing(args, args.quick):
-        readme.publish("bandwidth.py", table, [readme.BENCHMARKS_README])
+    if example_runs.publishing(args, args.quick):
+        published_tables.publish("bandwidth.py", table, [published_tables.BENCHMARKS_README])
     plot_bandwidth(os.path.join(args.out, "bandwidth.png"), results, baseline, rates)
     plot_accuracy(os.path.join(args.out, "accuracy_slow_network.png"), results, baseline,
                   rates[-1], args.target)

@@ -62,7 +62,6 @@ with SIGKILL cannot clean up: `ip netns list` then shows its dtfg<pid>-* namespa
 `ip netns delete NAME` removes them.
 """
 import argparse
-import ast
 import ipaddress
 import itertools
 import json
@@ -77,9 +76,12 @@ import tempfile
 import threading
 import time
 
-from shared import error, format_rate, parse_rate  # benchmarks/shared.py
+from command_line import error, format_rate, parse_rate  # the one-line error, link rates
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "deploy"))
+import manifests  # noqa: E402  deploy/manifests.py: the jobs an example's train.py declares
+
 DEFAULT_SUBNET = "10.77.0.0/16"
 PORT = 2222  # every task has an address of its own, so they can all use the same port
 COMMAND_SECS = 10  # the longest one ip or tc command may take
@@ -709,16 +711,6 @@ def print_report(console, report, status):
 # ==================================================================================================
 # main
 # ==================================================================================================
-def declared_jobs(train_py):
-    """The jobs of the example's cluster, as its train.py declares them in JOBS."""
-    with open(train_py) as f:
-        for node in ast.parse(f.read()).body:
-            if isinstance(node, ast.Assign) and [getattr(t, "id", "") for t in node.targets] == [
-                    "JOBS"]:
-                return tuple(ast.literal_eval(node.value))
-    return ()
-
-
 def find_train_py(example):
     """EXAMPLE: a folder of this repository (Hogwild) or a path to one; its train.py and the
     jobs its TF_CONFIG names (ps and worker; chief, ps and worker; or worker alone)."""
@@ -726,7 +718,7 @@ def find_train_py(example):
     train_py = os.path.abspath(os.path.join(folder, "train.py"))
     if not os.path.isfile(train_py):
         raise SetupError("%s has no train.py: give an example folder such as Hogwild" % example)
-    jobs = declared_jobs(train_py)
+    jobs = manifests.declared_jobs(train_py)
     if not jobs:
         raise SetupError("%s/train.py is not distributed: it does not read TF_CONFIG"
                          % example)

@@ -37,11 +37,11 @@ import statistics
 import sys
 import time
 
-import readme  # benchmarks/readme.py: the figures reach the READMEs only through here
-import shared  # benchmarks/shared.py: link rates and the one-line error
-import runs  # benchmarks/runs.py: how this benchmark runs an example and reads its metrics
+import published_tables  # the figures reach the READMEs only through here
+import command_line  # link rates and the one-line error
+import example_runs  # how this benchmark runs an example and reads its metrics
 import problems  # benchmarks/problems.py: the digits or MNIST-1D
-from runs import BASELINE, ROOT, line_style, time_to_target
+from example_runs import BASELINE, ROOT, line_style, time_to_target
 
 
 PROBLEM_NAMES = {"digits": "the digits", "mnist1d": "MNIST-1D"}
@@ -101,7 +101,7 @@ def write_workers_table(path, scaling, worker_counts):
 
 
 def plot_accuracy(path, results, args):
-    runs.plot_accuracy_against_time(
+    example_runs.plot_accuracy_against_time(
         path, [(example, repeats[0]["history"]) for example, repeats in results.items()],
         "Test accuracy against wall time on %s (same model, batch size and budget)"
         % PROBLEM_NAMES[args.problem], target=args.target)
@@ -109,7 +109,7 @@ def plot_accuracy(path, results, args):
 
 def plot_final_accuracy(path, results, args):
     """Each example's final test accuracy: a dot at the median, a bar over the repeats' range."""
-    plt = runs.pyplot()
+    plt = example_runs.pyplot()
     fig, ax = plt.subplots(figsize=(8, 0.4 * len(results) + 1.5))
     for i, (example, repeats) in enumerate(results.items()):
         accuracies = [m["test_accuracy"] for m in repeats]
@@ -129,7 +129,7 @@ def plot_final_accuracy(path, results, args):
 
 
 def plot_scaling(path, scaling, worker_counts, target):
-    plt = runs.pyplot()
+    plt = example_runs.pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.5))
     for i, (example, by_workers) in enumerate(scaling.items()):
         counts = [w for w in worker_counts if w in by_workers]
@@ -155,7 +155,7 @@ def main(argv=None):
         import bandwidth  # the network axis has its own table, plots and flags
         return bandwidth.main(argv, prog="compare.py")
     p = argparse.ArgumentParser(prog="compare.py", description=__doc__.splitlines()[0])
-    runs.add_run_flags(p, problem=True)
+    example_runs.add_run_flags(p, problem=True)
     p.add_argument("--repeats", type=int, default=3,
                    help="runs per example, run r with --seed SEED + r (default: 3)")
     p.add_argument("--workers", default="1,2,4", help="for the scaling plot (default: 1,2,4)")
@@ -168,14 +168,14 @@ def main(argv=None):
                    help="compare over a network instead, at each of RATES (e.g. "
                         "unlimited,1gbit,100mbit,20mbit): see benchmarks/bandwidth.py --help; "
                         "needs root (default: localhost only)")
-    args = runs.parse_run_flags(p, argv)
+    args = example_runs.parse_run_flags(p, argv)
     if args.quick:
         args.steps, args.repeats, args.eval_every, args.workers = 120, 1, 20, "2"
     worker_counts = [int(w) for w in args.workers.split(",")]
     try:
-        names = runs.select_examples(args.examples)
+        names = example_runs.select_examples(args.examples)
     except ValueError as e:
-        return shared.error(str(e))
+        return command_line.error(str(e))
     plan = [(e, 1 if e == BASELINE else 2, r) for e in names for r in range(args.repeats)]
     plan += [(e, w, 0) for e in names if e != BASELINE for w in worker_counts if w != 2]
     results, scaling, started = {}, {}, time.time()
@@ -183,7 +183,7 @@ def main(argv=None):
         print("[%d/%d] %s, %d worker(s), run %d (%.0f s so far)"
               % (i, len(plan), example, workers, repeat + 1, time.time() - started),
               file=sys.stderr, flush=True)
-        metrics = runs.run_example(example, workers, args,
+        metrics = example_runs.run_example(example, workers, args,
                                    "%s-w%d-r%d" % (example, workers, repeat),
                                    seed=args.seed + repeat)
         if workers == (1 if example == BASELINE else 2):
@@ -193,9 +193,10 @@ def main(argv=None):
     os.makedirs(args.out, exist_ok=True)
     table = write_table(os.path.join(args.out, "results.md"), results, args)
     print(table)
-    if runs.publishing(args, args.quick, published=problems.PROBLEMS):  # the figures shown
-        readme.publish(runs.section("compare.py", args), table, [readme.BENCHMARKS_README] + (
-            [os.path.join(ROOT, "README.md")] if args.problem == "digits" else []))
+    if example_runs.publishing(args, args.quick, published=problems.PROBLEMS):  # the figures shown
+        readmes = [published_tables.BENCHMARKS_README] + (
+            [os.path.join(ROOT, "README.md")] if args.problem == "digits" else [])
+        published_tables.publish(example_runs.section("compare.py", args), table, readmes)
     plot_accuracy(os.path.join(args.out, "accuracy.png"), results, args)
     plot_final_accuracy(os.path.join(args.out, "final_accuracy.png"), results, args)
     plot_scaling(os.path.join(args.out, "scaling.png"), scaling, worker_counts, args.target)

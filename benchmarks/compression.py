@@ -27,10 +27,10 @@ import sys
 import time
 
 import cluster  # benchmarks/cluster.py: the hosts, the rates, the counters
-import readme  # benchmarks/readme.py: the figures reach the READMEs only through here
-import runs  # benchmarks/runs.py: how every benchmark runs an example and reads its metrics
-import shared  # benchmarks/shared.py: link rates and the one-line error
-from runs import ROOT, time_to_target
+import published_tables  # the figures reach the READMEs only through here
+import example_runs  # how every benchmark runs an example and reads its metrics
+import command_line  # link rates and the one-line error
+from example_runs import ROOT, time_to_target
 
 EXAMPLE = "Gradient-Compression"
 HIDDEN = 1024
@@ -145,8 +145,8 @@ def write_table(path, results, rates, settings, target):
 
 
 def parser():
-    p = runs.argparse_for("compression.py", __doc__)
-    runs.add_run_flags(p, steps=900, eval_every=20, problem=True)
+    p = example_runs.argparse_for("compression.py", __doc__)
+    example_runs.add_run_flags(p, steps=900, eval_every=20, problem=True)
     p.add_argument("--compressors", default="none,topk,powersgd",
                    help="comma-separated (default: none,topk,powersgd)")
     p.add_argument("--seeds", default="0,1,2", help="the accuracy runs' seeds (default: 0,1,2)")
@@ -160,17 +160,17 @@ def parser():
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = runs.parse_run_flags(parser(), argv)
+    args = example_runs.parse_run_flags(parser(), argv)
     if args.quick:
         args.steps, args.seeds, args.compressors = 300, "0", "none,topk"
     try:
-        rates = [(label, runs.link_rate(label)) for label in args.bandwidth.split(",")]
+        rates = [(label, command_line.link_rate(label)) for label in args.bandwidth.split(",")]
         seeds = [int(s) for s in args.seeds.split(",")]
         names = [c.strip() for c in args.compressors.split(",") if c.strip()]
         if not args.from_logs:
             cluster.check_machine(needs_tc=True)
     except (ValueError, cluster.SetupError) as e:
-        return shared.error(str(e))
+        return command_line.error(str(e))
     started, results = time.time(), {}
     plan = len(names) * (len(seeds) + len(rates))
     done = 0
@@ -183,7 +183,7 @@ def main(argv=None):
                                                            time.time() - started),
                   file=sys.stderr, flush=True)
             seeded = argparse.Namespace(**dict(vars(args), seed=seed))
-            results[name]["accuracy"].append(runs.run_example(
+            results[name]["accuracy"].append(example_runs.run_example(
                 EXAMPLE, 2, seeded, "compression-%s-seed%d" % (name, seed), train_args,
                 who="compression"))
         for label, _ in rates:
@@ -191,17 +191,18 @@ def main(argv=None):
             print("[%d/%d] %s, %d workers, links %s (%.0f s so far)" % (
                 done, plan, name, args.workers, label, time.time() - started),
                 file=sys.stderr, flush=True)
-            results[name][label] = runs.run_example(
+            results[name][label] = example_runs.run_example(
                 EXAMPLE, args.workers, args, "compression-%s-%s" % (name, label), train_args,
                 bandwidth=label, who="compression")
     os.makedirs(args.out, exist_ok=True)
-    settings = dict(command=runs.command_line("compression.py", argv, sudo=True),
+    settings = dict(command=example_runs.rerun_command("compression.py", argv, sudo=True),
                     steps=args.steps, seeds=args.seeds, workers=args.workers)
     table = write_table(os.path.join(args.out, "compression.md"), results, rates, settings,
                         args.target)
     print(table)
-    if runs.publishing(args, args.quick, published=("digits", "mnist1d")):
-        readme.publish(runs.section("compression.py", args), table, [readme.BENCHMARKS_README])
+    if example_runs.publishing(args, args.quick, published=("digits", "mnist1d")):
+        published_tables.publish(example_runs.section("compression.py", args), table,
+                                 [published_tables.BENCHMARKS_README])
     print("\nwrote compression.md to %s in %.0f s" % (args.out, time.time() - started),
           file=sys.stderr)
     return 0

@@ -42,17 +42,16 @@ import sys
 import time
 
 import cluster  # benchmarks/cluster.py: the hosts, their CPU quotas and their links
-import readme  # benchmarks/readme.py: the figures reach the READMEs only through here
-import runs  # benchmarks/runs.py: how every benchmark runs an example and reads its metrics
+import published_tables  # the figures reach the READMEs only through here
+import example_runs  # how every benchmark runs an example and reads its metrics
 import scaling  # benchmarks/scaling.py: the workload, the selection, one process on one host
-import shared  # benchmarks/shared.py: link rates and the one-line error
-from bandwidth import parse_rates
-from runs import BASELINE, time_to_target
+import command_line  # link rates and the one-line error
+from example_runs import BASELINE, time_to_target
 
 
 def parser(prog):
-    p = runs.argparse_for(prog, __doc__)
-    runs.add_run_flags(p, steps=900, eval_every=10, problem=True)
+    p = example_runs.argparse_for(prog, __doc__)
+    example_runs.add_run_flags(p, steps=900, eval_every=10, problem=True)
     p.set_defaults(batch_size=512, problem="mnist1d", timeout=600)
     p.add_argument("--target", type=float, default=None,
                    help="the test accuracy to reach (default: the problem's, 0.55 on MNIST-1D)")
@@ -92,7 +91,7 @@ def write_table(path, results, reference, rates, settings):
     """results: {(example, rate label): [metrics or None per repeat]}; reference: [metrics per
     repeat] of one process on one host; rates: [(label, bits)]."""
     target = settings["target"]
-    lines = ["| example | " + " | ".join("s to %.2f, %s" % (target, shared.format_rate(bits))
+    lines = ["| example | " + " | ".join("s to %.2f, %s" % (target, command_line.format_rate(bits))
                                          for _, bits in rates) + " |",
              "|---|" + "---|" * len(rates)]
     one_host = cell(seconds_to(reference, target))
@@ -115,7 +114,7 @@ def write_table(path, results, reference, rates, settings):
 
 
 def plot(path, results, reference, rates, target):
-    plt = runs.pyplot()
+    plt = example_runs.pyplot()
     fig, ax = plt.subplots(figsize=(10, 5))
     positions = list(range(len(rates)))
     for i, example in enumerate(dict.fromkeys(e for e, _ in results)):
@@ -130,13 +129,13 @@ def plot(path, results, reference, rates, target):
                 above.append(reached[-1] - median)
         if xs:
             ax.errorbar(xs, medians, yerr=[below, above], label=example, capsize=3,
-                        **runs.line_style(i))
+                        **example_runs.line_style(i))
     reached = sorted(s for s in seconds_to(reference, target) if s)
     if reached:
         ax.axhline(statistics.median(reached), color="gray", linestyle=":", linewidth=2,
                    label="%s, one host" % BASELINE)
     ax.set_xticks(positions)
-    ax.set_xticklabels([shared.format_rate(bits) for _, bits in rates])
+    ax.set_xticklabels([command_line.format_rate(bits) for _, bits in rates])
     ax.set_xlabel("link rate")
     ax.set_yscale("log")
     ax.set_ylabel("seconds to %.2f test accuracy (median, range; log scale)" % target)
@@ -149,13 +148,13 @@ def plot(path, results, reference, rates, target):
 
 def main(argv=None, prog="decision_table.py"):
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = runs.parse_run_flags(parser(prog), argv)  # --target, or the problem's
+    args = example_runs.parse_run_flags(parser(prog), argv)  # --target, or the problem's
     if args.quick:
         args.examples, args.bandwidth, args.repeats, args.steps = "DOWNPOUR,Sync-SGD", \
             "unlimited", 1, 60
     try:
-        rates = parse_rates(args.bandwidth)
-        names = [e for e in runs.select_examples(args.examples) if e != BASELINE
+        rates = command_line.parse_rates(args.bandwidth)
+        names = [e for e in example_runs.select_examples(args.examples) if e != BASELINE
                  and (e not in scaling.LEFT_OUT or args.examples)]
         if not names:
             raise ValueError("--examples: name at least one distributed example")
@@ -165,7 +164,7 @@ def main(argv=None, prog="decision_table.py"):
             cluster.check_machine(needs_tc=any(bits is not None for _, bits in rates))
             cluster.check_cpus(args.workers + 2, args.cpus)  # the workers, a ps, a coordinator
     except (ValueError, cluster.SetupError) as e:
-        return shared.error(str(e))
+        return command_line.error(str(e))
     who = os.path.splitext(prog)[0]
     plan = [(e, label, r) for label, _ in rates for e in names for r in range(args.repeats)]
     started = time.time()
@@ -180,20 +179,20 @@ def main(argv=None, prog="decision_table.py"):
     results = {}
     for i, (example, label, r) in enumerate(plan, args.repeats + 1):
         progress(i, "%s, %d workers, links %s, run %d" % (example, args.workers, label, r + 1))
-        results.setdefault((example, label), []).append(runs.run_example(
+        results.setdefault((example, label), []).append(example_runs.run_example(
             example, args.workers, args, "decision-%s-%s-r%d" % (example, label, r),
             train_args=scaling.WORKLOAD, bandwidth=label, cpus=args.cpus, who=who,
             seed=args.seed + r, timeout_is_a_result=True))
     os.makedirs(args.out, exist_ok=True)
-    settings = dict(command=runs.command_line(prog, argv, sudo=True), target=args.target,
+    settings = dict(command=example_runs.rerun_command(prog, argv, sudo=True), target=args.target,
                     repeats=args.repeats, problem=args.problem, workers=args.workers,
                     cpus=args.cpus, batch_size=args.batch_size, steps=args.steps)
     table = write_table(os.path.join(args.out, "decision_table.md"), results, reference, rates,
                         settings)
     print(table)
-    if runs.publishing(args, args.quick, published=("mnist1d",)):
-        readme.publish(runs.section("decision_table.py", args), table,
-                       [readme.BENCHMARKS_README])
+    if example_runs.publishing(args, args.quick, published=("mnist1d",)):
+        published_tables.publish(example_runs.section("decision_table.py", args), table,
+                       [published_tables.BENCHMARKS_README])
     plot(os.path.join(args.out, "decision_table.png"), results, reference, rates, args.target)
     print("\nwrote decision_table.md and decision_table.png to %s in %.0f s"
           % (args.out, time.time() - started), file=sys.stderr)

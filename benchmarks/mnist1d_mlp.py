@@ -5,8 +5,8 @@
 
 Greydanus and Kobak (2020, arXiv:2011.14439, Table 1) report 68% test accuracy on MNIST-1D for
 an MLP of 40-100-100-10 with a residual connection around the second layer, trained with Adam
-at a learning rate of 1e-2 on batches of 100 for 8000 steps. This script does what README.md's
-"Use your own model" asks of a user: it copies Non-Distributed-Setup into a temporary folder,
+at a learning rate of 1e-2 on batches of 100 for 8000 steps. This script does what
+docs/own-model.md asks of a user: it copies Non-Distributed-Setup into a temporary folder,
 replaces the copy's Model section (between its "shared: model" markers) with that MLP, and
 runs the copy's run.sh on the cached MNIST-1D (benchmarks/problems.py) with --hidden 100
 --batch_size 100 --learning_rate 0.01 --steps 8000. Every line below the copy's plumbing banner
@@ -31,8 +31,8 @@ import tempfile
 import time
 
 import problems  # benchmarks/problems.py: the cached MNIST-1D
-import readme  # benchmarks/readme.py: the figures reach the READMEs only through here
-import runs  # benchmarks/runs.py: the one-line errors, stopping a run that overruns
+import published_tables  # the figures reach the READMEs only through here
+import example_runs  # the one-line errors, stopping a run that overruns
 
 BASELINE = "Non-Distributed-Setup"
 PAPER_ACCURACY = 0.68  # Greydanus and Kobak, Table 1, "MLP"
@@ -82,7 +82,7 @@ def model_metrics(params, x, y):
 def copy_with_paper_mlp(destination):
     """Non-Distributed-Setup copied to destination with the paper's MLP as its Model section and
     Adam as its optimizer; returns the original train.py's text and the copy's."""
-    shutil.copytree(os.path.join(runs.ROOT, BASELINE), destination,
+    shutil.copytree(os.path.join(example_runs.ROOT, BASELINE), destination,
                     ignore=shutil.ignore_patterns("logs", "__pycache__"))
     with open(os.path.join(destination, "train.py")) as f:
         original = f.read()
@@ -109,7 +109,7 @@ def run_seed(folder, args, seed):
     tag = "mnist1d_mlp-seed%d" % seed
     log_path, metrics_path = (os.path.join(logs, tag + ext) for ext in (".log", ".json"))
     if args.from_logs:
-        return runs.read_metrics(metrics_path)
+        return example_runs.read_metrics(metrics_path)
     if os.path.exists(metrics_path):
         os.remove(metrics_path)
     command = ["bash", os.path.join(folder, "run.sh")] + train_args(
@@ -117,11 +117,11 @@ def run_seed(folder, args, seed):
     with open(log_path, "w") as log:
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
-        code = runs.wait_or_stop(proc, args.timeout)
+        code = example_runs.wait_or_stop(proc, args.timeout)
     if code != 0 or not os.path.exists(metrics_path):
         sys.exit("mnist1d_mlp: seed %d %s; see %s" % (
             seed, "timed out" if code is None else "failed (exit %d)" % code, log_path))
-    return runs.read_metrics(metrics_path)
+    return example_runs.read_metrics(metrics_path)
 
 
 def write_table(path, results, settings):
@@ -151,14 +151,14 @@ def write_table(path, results, settings):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
-    p = runs.argparse_for("mnist1d_mlp.py", __doc__)
+    p = example_runs.argparse_for("mnist1d_mlp.py", __doc__)
     p.add_argument("--seeds", default="0,1,2", help="(default: 0,1,2)")
     p.add_argument("--steps", type=int, default=8000, help="(default: 8000, the paper's)")
     p.add_argument("--eval_every", type=int, default=500,
                    help="test accuracy every N steps (default: 500)")
     p.add_argument("--timeout", type=float, default=600,
                    help="seconds a run may take (default: 600)")
-    p.add_argument("--out", default=readme.RESULTS, help="(default: benchmarks/results)")
+    p.add_argument("--out", default=published_tables.RESULTS, help="(default: benchmarks/results)")
     p.add_argument("--from_logs", action="store_true",
                    help="rebuild the table from the last run's metrics in --out/logs")
     p.add_argument("--quick", action="store_true",
@@ -188,12 +188,13 @@ def main(argv=None):
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     os.makedirs(args.out, exist_ok=True)
-    settings = dict(command=runs.command_line("mnist1d_mlp.py", argv), steps=args.steps,
+    settings = dict(command=example_runs.rerun_command("mnist1d_mlp.py", argv), steps=args.steps,
                     seconds=time.time() - started)
     table = write_table(os.path.join(args.out, "mnist1d_mlp.md"), results, settings)
     print(table)
-    if os.path.abspath(args.out) == readme.RESULTS and not args.quick and not args.from_logs:
-        readme.publish("mnist1d_mlp.py", table, [readme.BENCHMARKS_README])
+    default_out = os.path.abspath(args.out) == published_tables.RESULTS
+    if default_out and not args.quick and not args.from_logs:
+        published_tables.publish("mnist1d_mlp.py", table, [published_tables.BENCHMARKS_README])
     return 0
 
 

@@ -30,10 +30,10 @@ import sys
 import time
 
 import cluster  # benchmarks/cluster.py: the hosts, their CPU quotas and their links
-import readme  # benchmarks/readme.py: the figures reach the READMEs only through here
-import runs  # benchmarks/runs.py: how this benchmark runs an example and reads its metrics
-import shared  # benchmarks/shared.py: the one-line error
-from runs import mini_batches_per_sec
+import published_tables  # the figures reach the READMEs only through here
+import example_runs  # how this benchmark runs an example and reads its metrics
+import command_line  # the one-line error
+from example_runs import mini_batches_per_sec
 
 EXAMPLE = "Model-Parallel-Pipeline"
 WORKLOAD = ["--hidden", "1024", "--layers", "5"]  # with --batch_size 4096: seconds per step
@@ -42,8 +42,8 @@ GOAL_M, GOAL_SPEED_UP = 4, 1.4  # the issue's goal: M = 4 over 2 stages, 1.4x M 
 
 
 def parser(prog):
-    p = runs.argparse_for(prog, __doc__)
-    runs.add_run_flags(p, steps=20, eval_every=5)
+    p = example_runs.argparse_for(prog, __doc__)
+    example_runs.add_run_flags(p, steps=20, eval_every=5)
     p.set_defaults(batch_size=4096)
     p.add_argument("--cpus", type=cluster.positive_cores, default=0.4, metavar="C",
                    help="cores of every host, a cgroup CPU quota each (default: 0.4)")
@@ -104,7 +104,7 @@ def write_table(path, results, settings):
 
 
 def plot(path, results, stages):
-    plt = runs.pyplot()
+    plt = example_runs.pyplot()
     counts = list(results)
     one = mini_batches_per_sec(results[1])
     figure, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
@@ -118,7 +118,7 @@ def plot(path, results, stages):
                label="ideal: M / (M + K - 1)")
     for k in range(stages):
         right.plot(counts, [results[m]["stage_busy"][k] for m in counts],
-                   label="stage %d" % (k + 1), **runs.line_style(k))
+                   label="stage %d" % (k + 1), **example_runs.line_style(k))
     right.set_ylabel("busy fraction of a step")
     right.set_ylim(0, 1)
     for ax in (left, right):
@@ -134,7 +134,7 @@ def plot(path, results, stages):
 
 def main(argv=None, prog="pipeline.py"):
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = runs.parse_run_flags(parser(prog), argv)
+    args = example_runs.parse_run_flags(parser(prog), argv)
     workload = QUICK_WORKLOAD if args.quick else WORKLOAD
     if args.quick:
         args.steps, args.eval_every, args.batch_size = 6, 3, 512
@@ -146,24 +146,24 @@ def main(argv=None, prog="pipeline.py"):
             cluster.check_machine(needs_tc=False)
             cluster.check_cpus(args.stages, args.cpus)
     except (ValueError, cluster.SetupError) as e:
-        return shared.error(str(e))
+        return command_line.error(str(e))
     started, results = time.time(), {}
     for i, m in enumerate(counts, 1):
         print("[%d/%d] %s, %d stages, M = %d (%.0f s so far)" % (
             i, len(counts), EXAMPLE, args.stages, m, time.time() - started), file=sys.stderr,
             flush=True)
-        results[m] = runs.run_example(
+        results[m] = example_runs.run_example(
             EXAMPLE, args.stages, args, "pipeline-M%d" % m,
             train_args=workload + ["--micro_batches", str(m)], bandwidth="unlimited",
             cpus=args.cpus, who="pipeline")
     os.makedirs(args.out, exist_ok=True)
-    settings = dict(command=runs.command_line(prog, argv, sudo=True), cpus=args.cpus,
+    settings = dict(command=example_runs.rerun_command(prog, argv, sudo=True), cpus=args.cpus,
                     stages=args.stages, steps=args.steps, batch_size=args.batch_size,
                     eval_every=args.eval_every, workload=workload)
     table = write_table(os.path.join(args.out, "pipeline.md"), results, settings)
     print(table)
-    if runs.publishing(args, args.quick):
-        readme.publish("pipeline.py", table, [readme.BENCHMARKS_README])
+    if example_runs.publishing(args, args.quick):
+        published_tables.publish("pipeline.py", table, [published_tables.BENCHMARKS_README])
     plot(os.path.join(args.out, "pipeline.png"), results, args.stages)
     print("wrote pipeline.md and pipeline.png to %s in %.0f s" % (args.out, time.time() - started),
           file=sys.stderr)

@@ -32,19 +32,18 @@ import sys
 import time
 
 import cluster  # benchmarks/cluster.py: the hosts, their CPU quotas and their links
-import readme  # benchmarks/readme.py: the figures reach the READMEs only through here
-import runs  # benchmarks/runs.py: how this benchmark runs an example and reads its metrics
-import shared  # benchmarks/shared.py: link rates and the one-line error
-from bandwidth import parse_rates
-from runs import mini_batches_per_sec
+import published_tables  # the figures reach the READMEs only through here
+import example_runs  # how this benchmark runs an example and reads its metrics
+import command_line  # link rates and the one-line error
+from example_runs import mini_batches_per_sec
 
 WORKLOAD = ["--hidden", "4096"]  # scaling.py's: with --batch_size 512 computation outweighs bytes
 SHARDABLE = ("Distributed-Setup", "Sync-SGD")  # the examples with --shard_variables
 
 
 def parser(prog):
-    p = runs.argparse_for(prog, __doc__)
-    runs.add_run_flags(p, steps=300, eval_every=30)
+    p = example_runs.argparse_for(prog, __doc__)
+    example_runs.add_run_flags(p, steps=300, eval_every=30)
     p.set_defaults(batch_size=512)
     p.add_argument("--examples", default=",".join(SHARDABLE),
                    help="comma-separated, of %s (default: both)" % ", ".join(SHARDABLE))
@@ -110,7 +109,7 @@ def write_table(path, results, settings):
 
 
 def plot(path, results, counts, labels):
-    plt = runs.pyplot()
+    plt = example_runs.pyplot()
     figure, axes = plt.subplots(1, len(labels), figsize=(6 * len(labels) + 3, 5), squeeze=False)
     lines = sorted({(e, s) for e, _, s, _ in results})
     for ax, label in zip(axes[0], labels):
@@ -119,7 +118,7 @@ def plot(path, results, counts, labels):
             xs = [n for n, key in zip(counts, keys) if key in results]
             ys = [mini_batches_per_sec(results[key]) for key in keys if key in results]
             ax.plot(xs, ys, label="%s, %s" % (example, "a slice per ps" if sharded else "whole"),
-                    **runs.line_style(i))
+                    **example_runs.line_style(i))
         ax.set_title("links: %s" % label)
         ax.set_xlabel("parameter servers (hosts of their own)")
         ax.set_xticks(counts)
@@ -134,7 +133,7 @@ def plot(path, results, counts, labels):
 
 def main(argv=None, prog="ps_sweep.py"):
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = runs.parse_run_flags(parser(prog), argv)
+    args = example_runs.parse_run_flags(parser(prog), argv)
     try:
         counts = ps_counts(args.ps)
         examples = [e.strip() for e in args.examples.split(",") if e.strip()]
@@ -144,7 +143,7 @@ def main(argv=None, prog="ps_sweep.py"):
                              % ",".join(SHARDABLE))
         if args.workers < 1:
             raise ValueError("--workers: give 1 or more")
-        rates = parse_rates(args.bandwidth)
+        rates = command_line.parse_rates(args.bandwidth)
         hosts = args.workers + max(counts)
         if args.cpus is None:
             args.cpus = int(100 * os.cpu_count() / hosts) / 100.0
@@ -152,7 +151,7 @@ def main(argv=None, prog="ps_sweep.py"):
             cluster.check_machine(needs_tc=any(bits is not None for _, bits in rates))
             cluster.check_cpus(hosts, args.cpus)
     except (ValueError, cluster.SetupError) as e:
-        return shared.error(str(e))
+        return command_line.error(str(e))
     who = os.path.splitext(prog)[0]
     labels = [label for label, _ in rates]
     plan = plan_runs(examples, counts, labels)
@@ -162,19 +161,19 @@ def main(argv=None, prog="ps_sweep.py"):
         print("[%d/%d] %s, links %s, %d ps, variables %s (%.0f s so far)" % (
             i, len(plan), example, label, ps, "in slices" if sharded else "whole",
             time.time() - started), file=sys.stderr, flush=True)
-        results[(example, ps, sharded, label)] = runs.run_example(
+        results[(example, ps, sharded, label)] = example_runs.run_example(
             example, args.workers, args, "ps_sweep-%s-%dps-%s-%s" % (
                 example, ps, "sliced" if sharded else "whole", label),
             train_args=WORKLOAD + (["--shard_variables"] if sharded else []),
             bandwidth=label, cpus=args.cpus, ps=ps, who=who)
     os.makedirs(args.out, exist_ok=True)
-    settings = dict(command=runs.command_line(prog, argv, sudo=True), cpus=args.cpus,
+    settings = dict(command=example_runs.rerun_command(prog, argv, sudo=True), cpus=args.cpus,
                     steps=args.steps, batch_size=args.batch_size,
                     workers=args.workers)
     table = write_table(os.path.join(args.out, "ps_sweep.md"), results, settings)
     print(table)
-    if runs.publishing(args, False):
-        readme.publish("ps_sweep.py", table, [readme.BENCHMARKS_README])
+    if example_runs.publishing(args, False):
+        published_tables.publish("ps_sweep.py", table, [published_tables.BENCHMARKS_README])
     plot(os.path.join(args.out, "ps_sweep.png"), results, counts, labels)
     for label in labels:
         gains = [mini_batches_per_sec(m) / mini_batches_per_sec(results[(e, 1, False, label)])

@@ -42,11 +42,10 @@ import sys
 import time
 
 import cluster  # benchmarks/cluster.py: the hosts, their CPU quotas and their links
-import readme  # benchmarks/readme.py: the figures reach the READMEs only through here
-import runs  # benchmarks/runs.py: how this benchmark runs an example and reads its metrics
-import shared  # benchmarks/shared.py: link rates and the one-line error
-from bandwidth import parse_rates
-from runs import BASELINE, mini_batches_per_sec, time_to_target
+import published_tables  # the figures reach the READMEs only through here
+import example_runs  # how this benchmark runs an example and reads its metrics
+import command_line  # link rates and the one-line error
+from example_runs import BASELINE, mini_batches_per_sec, time_to_target
 
 WORKLOAD = ["--hidden", "4096"]  # with --batch_size 512: computation outweighs the messages
 # Evolution-Strategies spends its CPU on --population forward passes per mini-batch, not on one
@@ -57,8 +56,8 @@ LEFT_OUT = {"Evolution-Strategies", "In-Graph-Replication", "Model-Parallel-Pipe
 
 
 def parser(prog):
-    p = runs.argparse_for(prog, __doc__)
-    runs.add_run_flags(p, steps=900, eval_every=30, problem=True)
+    p = example_runs.argparse_for(prog, __doc__)
+    example_runs.add_run_flags(p, steps=900, eval_every=30, problem=True)
     p.set_defaults(batch_size=512)
     p.add_argument("--cpus", type=cluster.positive_cores, default=0.4, metavar="C",
                    help="cores of every host, a cgroup CPU quota each (default: 0.4)")
@@ -88,15 +87,15 @@ def run_baseline(args, who, tag="scaling-%s" % BASELINE, seed=None, workload=WOR
     os.makedirs(logs, exist_ok=True)
     log_path, metrics_path = (os.path.join(logs, tag + ext) for ext in (".log", ".json"))
     if args.from_logs:
-        return runs.read_metrics(metrics_path)
+        return example_runs.read_metrics(metrics_path)
     quotas = cluster.CpuQuotas("dtfg%d" % os.getpid(), ["local"], args.cpus)
-    command = [sys.executable, os.path.join(runs.ROOT, BASELINE, "train.py"),
+    command = [sys.executable, os.path.join(example_runs.ROOT, BASELINE, "train.py"),
                "--steps", str(args.steps), "--batch_size", str(args.batch_size),
                "--log_every", str(args.eval_every),
                "--seed", str(args.seed if seed is None else seed),
                "--log_dir", os.path.join(logs, tag + "-tensorboard"),
                "--metrics_file", metrics_path] + list(workload)
-    if args.data_path:  # MNIST-1D, as every distributed run gets it (runs.run_example)
+    if args.data_path:  # MNIST-1D, as every distributed run gets it (example_runs.run_example)
         command += ["--data_path", args.data_path]
     try:
         quotas.create()
@@ -109,12 +108,12 @@ def run_baseline(args, who, tag="scaling-%s" % BASELINE, seed=None, workload=WOR
         quotas.remove()
     if code != 0:
         sys.exit("%s: the baseline failed (exit %d); see %s" % (who, code, log_path))
-    return runs.read_metrics(metrics_path)
+    return example_runs.read_metrics(metrics_path)
 
 
 def write_table(path, results, baseline, settings):
     one_host = mini_batches_per_sec(baseline)
-    goal = settings.get("target", runs.TARGET)  # the problem's accuracy (runs.TARGETS)
+    goal = settings.get("target", example_runs.TARGET)  # the problem's (example_runs.TARGETS)
     one_host_target = time_to_target(baseline, goal)
     lines = ["| example | workers | links | mini-batches/s | speed-up | efficiency "
              "| s to %.2f | its speed-up |" % goal, "|---|---|---|---|---|---|---|---|",
@@ -198,7 +197,7 @@ def example_sections(results, baseline, settings):
 
 
 def plot_speed_up(path, results, baseline, rates, counts):
-    plt = runs.pyplot()
+    plt = example_runs.pyplot()
     one_host = mini_batches_per_sec(baseline)
     figure, axes = plt.subplots(1, len(rates), figsize=(6 * len(rates) + 3, 5), sharey=True,
                                 squeeze=False)
@@ -208,7 +207,7 @@ def plot_speed_up(path, results, baseline, rates, counts):
         for i, example in enumerate(examples):
             ys = [mini_batches_per_sec(results[(example, n, label)]) / one_host for n in counts
                   if (example, n, label) in results]
-            ax.plot(counts[:len(ys)], ys, label=example, **runs.line_style(i))
+            ax.plot(counts[:len(ys)], ys, label=example, **example_runs.line_style(i))
         ax.set_title("links: %s" % label)
         ax.set_xlabel("workers (hosts of their own)")
         ax.set_xticks(counts)
@@ -222,13 +221,13 @@ def plot_speed_up(path, results, baseline, rates, counts):
 
 def main(argv=None, prog="scaling.py"):
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = runs.parse_run_flags(parser(prog), argv)
+    args = example_runs.parse_run_flags(parser(prog), argv)
     try:
         counts = worker_counts(args.workers)
         if args.quick:
             args.steps, args.eval_every, counts = 100, 20, [n for n in counts if n <= 2]
-        rates = parse_rates(args.bandwidth)
-        names = [e for e in runs.select_examples(args.examples) if e != BASELINE
+        rates = command_line.parse_rates(args.bandwidth)
+        names = [e for e in example_runs.select_examples(args.examples) if e != BASELINE
                  and (e not in LEFT_OUT or args.examples)]
         if not names:
             raise ValueError("--examples: name at least one distributed example")
@@ -237,7 +236,7 @@ def main(argv=None, prog="scaling.py"):
             most_hosts = max(counts) + 2  # the workers, a ps, and a coordinator
             cluster.check_cpus(most_hosts, args.cpus)
     except (ValueError, cluster.SetupError) as e:
-        return shared.error(str(e))
+        return command_line.error(str(e))
     who = os.path.splitext(prog)[0]
     plan = [(e, n, label) for label, _ in rates for e in names for n in counts]
     started = time.time()
@@ -248,23 +247,22 @@ def main(argv=None, prog="scaling.py"):
     results = {}
     for i, (example, n, label) in enumerate(plan, 2):
         progress(i, "%s, %d worker(s), links %s" % (example, n, label))
-        results[(example, n, label)] = runs.run_example(
+        results[(example, n, label)] = example_runs.run_example(
             example, n, args, "scaling-%s-%d-%s" % (example, n, label), train_args=WORKLOAD,
             bandwidth=label, cpus=args.cpus, who=who)
     os.makedirs(args.out, exist_ok=True)
-    settings = dict(command=runs.command_line(prog, argv, sudo=True), cpus=args.cpus,
+    settings = dict(command=example_runs.rerun_command(prog, argv, sudo=True), cpus=args.cpus,
                     steps=args.steps, batch_size=args.batch_size, target=args.target)
     table = write_table(os.path.join(args.out, "scaling.md"), results, baseline, settings)
     print(table)
     bounds = bounds_table(results, baseline)
     print(bounds)
-    if runs.publishing(args, args.quick):
-        readme.publish("scaling.py", table, [readme.BENCHMARKS_README,
-                                             os.path.join(runs.ROOT, "README.md")])
-        readme.publish("scaling.py#bounds", bounds, [readme.BENCHMARKS_README])
+    if example_runs.publishing(args, args.quick):
+        published_tables.publish("scaling.py", table, [published_tables.BENCHMARKS_README])
+        published_tables.publish("scaling.py#bounds", bounds, [published_tables.BENCHMARKS_README])
         for example, text in example_sections(results, baseline, settings).items():
-            readme.publish("scaling.py#" + example, text,
-                           [os.path.join(runs.ROOT, example, "README.md")])
+            published_tables.publish("scaling.py#" + example, text,
+                           [os.path.join(example_runs.ROOT, example, "README.md")])
     plot_speed_up(os.path.join(args.out, "speed_up.png"), results, baseline, rates, counts)
     speed_ups = [mini_batches_per_sec(m) / mini_batches_per_sec(baseline)
                  for (_, n, _), m in results.items() if n == max(counts)]

@@ -29,9 +29,9 @@ import sys
 import threading
 import time
 
-import readme  # benchmarks/readme.py: the figures reach the READMEs only through here
-import runs  # benchmarks/runs.py: the command line that measures it again
-import shared  # benchmarks/shared.py: the one-line error
+import published_tables  # the figures reach the READMEs only through here
+import example_runs  # the command line that measures it again
+import command_line  # the one-line error
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLUSTER_PY = os.path.join(ROOT, "benchmarks", "cluster.py")
@@ -41,7 +41,7 @@ NEVER = str(10 ** 9)  # --log_every: no evaluation (and no checkpoint) inside th
 
 
 def parser():
-    p = runs.argparse_for("sparse_embeddings.py", __doc__)
+    p = example_runs.argparse_for("sparse_embeddings.py", __doc__)
     p.add_argument("--steps", type=int, default=2000,
                    help="mini-batches of the sparse runs, all workers (default: 2000)")
     p.add_argument("--dense_steps", type=int, default=10,
@@ -53,7 +53,7 @@ def parser():
     p.add_argument("--ps_counts", default="1,2,4", help="(default: 1,2,4)")
     p.add_argument("--quick", action="store_true",
                    help="a 100k-row table and few steps: a smoke run that publishes nothing")
-    p.add_argument("--out", default=readme.RESULTS,
+    p.add_argument("--out", default=published_tables.RESULTS,
                    help="where the logs go, under logs/sparse_embeddings-* (default: "
                         "benchmarks/results)")
     return p
@@ -165,7 +165,7 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parser().parse_args(argv)
     if os.geteuid() != 0:
-        return shared.error("needs root, as benchmarks/cluster.py does: sudo python "
+        return command_line.error("needs root, as benchmarks/cluster.py does: sudo python "
                             "benchmarks/sparse_embeddings.py")
     table = []
     if args.quick:
@@ -218,13 +218,13 @@ def main(argv=None):
               "%d dense), divided by N. The load of each ps counts whole runs, with start-up and the "
               "final checkpoint (each ps sends its slices to the chief once); peak memory is "
               "VmHWM, TensorFlow's own included."
-              % (runs.command_line("sparse_embeddings.py", argv, sudo=True),
+              % (example_runs.rerun_command("sparse_embeddings.py", argv, sudo=True),
                  (time.time() - started) / 60, os.cpu_count(),
                  " (--quick: 100k rows)" if args.quick else "", args.steps, args.dense_steps)]
     text = "\n".join(lines)
     print(text)
-    if os.path.abspath(args.out) == readme.RESULTS and not args.quick:
-        readme.publish("sparse_embeddings.py", text, [readme.BENCHMARKS_README])
+    if os.path.abspath(args.out) == published_tables.RESULTS and not args.quick:
+        published_tables.publish("sparse_embeddings.py", text, [published_tables.BENCHMARKS_README])
     return 0
 
 

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 
-import readme  # benchmarks/readme.py: the figures reach the READMEs only through here
+import published_tables  # the figures reach the READMEs only through here
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -132,8 +132,8 @@ def main():
         % (1e3 * worker_cpu, 1e3 * ps_cpu, (worker_cpu + ps_cpu) / local_cpu)]
     print("\n".join(lines))
     if not args.no_publish:  # the README shows the default model's anatomy
-        readme.publish("step_anatomy.py", "```\n%s\n```" % "\n".join(lines),
-                       [readme.BENCHMARKS_README])
+        published_tables.publish("step_anatomy.py", "```\n%s\n```" % "\n".join(lines),
+                       [published_tables.BENCHMARKS_README])
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import tempfile
 
-import readme  # benchmarks/readme.py: the figures reach the READMEs only through here
+import published_tables  # the figures reach the READMEs only through here
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -56,8 +56,9 @@ def main():
               % (args.workers, os.cpu_count(), args.steps)]
     print(lines[-1])
     if not args.no_publish:
-        readme.publish("stragglers.py", "\n".join(lines), [
-            readme.BENCHMARKS_README, os.path.join(readme.ROOT, "Sync-SGD", "README.md")])
+        published_tables.publish("stragglers.py", "\n".join(lines), [
+            published_tables.BENCHMARKS_README,
+            os.path.join(published_tables.ROOT, "Sync-SGD", "README.md")])
 
 
 if __name__ == "__main__":

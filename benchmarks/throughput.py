@@ -16,7 +16,7 @@ import subprocess
 import sys
 import tempfile
 
-import readme  # benchmarks/readme.py: the figures reach the READMEs only through here
+import published_tables  # the figures reach the READMEs only through here
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BASELINE = ("Non-Distributed-Setup", 1)
@@ -67,7 +67,8 @@ def main():
               % (args.repeats, args.steps, os.cpu_count())]
     print("\n".join(lines))
     if not args.no_publish:
-        readme.publish("throughput.py", "\n".join(lines), [readme.BENCHMARKS_README])
+        published_tables.publish("throughput.py", "\n".join(lines),
+                                 [published_tables.BENCHMARKS_README])
 
 
 if __name__ == "__main__":

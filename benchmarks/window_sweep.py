@@ -36,10 +36,10 @@ import sys
 import time
 
 import cluster  # benchmarks/cluster.py: rates, and what a machine needs for --bandwidth
-import shared  # benchmarks/shared.py: link rates and the one-line error
-import readme  # benchmarks/readme.py: the figures reach the READMEs only through here
-import runs  # benchmarks/runs.py: how this benchmark runs an example and reads its metrics
-from runs import TARGET, mini_batches_per_sec, time_to_target
+import command_line  # link rates and the one-line error
+import published_tables  # the figures reach the READMEs only through here
+import example_runs  # how this benchmark runs an example and reads its metrics
+from example_runs import TARGET, mini_batches_per_sec, time_to_target
 
 EXAMPLES = ("DOWNPOUR", "ADAG")  # the default, and the published digits table
 # every example with a --window: local steps between two exchanges with the ps (DiLoCo: inner
@@ -76,7 +76,7 @@ def parse_windows(text):
 def write_table(path, results, windows, settings):
     """results: {example: {window: metrics}}; settings: what the last line states."""
     on_network = settings["bandwidth"] is not None
-    target = settings.get("target", TARGET)  # the problem's (runs.TARGETS)
+    target = settings.get("target", TARGET)  # the problem's (example_runs.TARGETS)
     columns = ["example", "window", "final test accuracy", "seconds to %.2f" % target,
                "mini-batches/s", "pushes per worker"] + ["kB per mini-batch"] * on_network
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
@@ -107,7 +107,7 @@ def write_table(path, results, windows, settings):
 
 
 def plot(path, results, windows, settings):
-    plt = runs.pyplot()
+    plt = example_runs.pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
     for example, by_window in results.items():
         left.plot(windows, [by_window[w]["test_accuracy"] for w in windows], marker="o",
@@ -134,8 +134,8 @@ def plot(path, results, windows, settings):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
-    p = runs.argparse_for("window_sweep.py", __doc__)
-    runs.add_run_flags(p, problem=True)
+    p = example_runs.argparse_for("window_sweep.py", __doc__)
+    example_runs.add_run_flags(p, problem=True)
     p.add_argument("--windows", default="1,2,4,8,16,32",
                    help="the windows to run (default: 1,2,4,8,16,32)")
     p.add_argument("--workers", type=int, default=4, help="workers per run (default: 4)")
@@ -150,7 +150,7 @@ def main(argv=None):
                         "needs root (default: localhost, through run.sh)")
     p.add_argument("--quick", action="store_true",
                    help="windows 1 and 4, 300 steps: a smoke run that publishes nothing")
-    args = runs.parse_run_flags(p, argv)
+    args = example_runs.parse_run_flags(p, argv)
     if args.quick:
         args.windows, args.steps, args.eval_every = "1,4", 300, 20
     try:
@@ -164,11 +164,11 @@ def main(argv=None):
             raise ValueError("--workers must be at least 1, got %d" % args.workers)
         if args.bandwidth is not None:
             args.bandwidth = args.bandwidth.strip().lower()
-            rate = runs.link_rate(args.bandwidth)
+            rate = command_line.link_rate(args.bandwidth)
             if not args.from_logs:  # before any run: a machine that cannot fails in one line
                 cluster.check_machine(needs_tc=rate is not None)
     except (ValueError, cluster.SetupError) as e:
-        return shared.error(str(e))
+        return command_line.error(str(e))
     plan = [(example, window) for example in examples for window in windows]
     results, started = {}, time.time()
     for i, (example, window) in enumerate(plan, 1):
@@ -177,19 +177,19 @@ def main(argv=None):
             file=sys.stderr, flush=True)
         tag = "window_sweep-%s-window%d%s" % (example, window,
                                              "-" + args.bandwidth if args.bandwidth else "")
-        results.setdefault(example, {})[window] = runs.run_example(
+        results.setdefault(example, {})[window] = example_runs.run_example(
             example, args.workers, args, tag, train_args(example, window, args.learning_rate),
             bandwidth=args.bandwidth, who="window_sweep")
     os.makedirs(args.out, exist_ok=True)
-    settings = dict(command=runs.command_line("window_sweep.py", argv,
+    settings = dict(command=example_runs.rerun_command("window_sweep.py", argv,
                                               sudo=args.bandwidth is not None),
                     workers=args.workers, learning_rate=args.learning_rate, steps=args.steps,
                     batch_size=args.batch_size, target=args.target,
-                    bandwidth=None if args.bandwidth is None else shared.format_rate(rate))
+                    bandwidth=None if args.bandwidth is None else command_line.format_rate(rate))
     table = write_table(os.path.join(args.out, "window_sweep.md"), results, windows, settings)
     print(table)
-    if runs.publishing(args, args.quick):
-        readme.publish("window_sweep.py", table, [readme.BENCHMARKS_README])
+    if example_runs.publishing(args, args.quick):
+        published_tables.publish("window_sweep.py", table, [published_tables.BENCHMARKS_README])
     plot(os.path.join(args.out, "window_sweep.png"), results, windows, settings)
     print("\nwrote window_sweep.md and window_sweep.png to %s in %.0f s"
           % (args.out, time.time() - started), file=sys.stderr)

@@ -42,20 +42,22 @@ def examples():
     for d in sorted(os.listdir(ROOT)):
         train_py = os.path.join(ROOT, d, "train.py")
         if os.path.isfile(train_py) and os.path.isfile(os.path.join(ROOT, d, "run.sh")):
-            found[d] = jobs_of(train_py)
+            found[d] = declared_jobs(train_py) or ()
     return found
 
 
-def jobs_of(train_py):
+def declared_jobs(train_py):
     """The jobs a train.py declares in its JOBS constant, in the manifests' order: ps and
     worker for the parameter-server examples (their chief is worker 0), the jobs TensorFlow 2's
-    strategies need (a chief for the coordinator, or workers only), none for one process."""
+    strategies need (a chief for the coordinator, or workers only), () for one process; None
+    where it declares no JOBS. The one reader of JOBS: benchmarks/cluster.py and the tests'
+    sync_shared.py import it from here."""
     with open(train_py) as f:
         for node in ast.parse(f.read()).body:
             if isinstance(node, ast.Assign) and [getattr(t, "id", "") for t in node.targets] == [
                     "JOBS"]:
                 return tuple(job for job in JOBS if job in ast.literal_eval(node.value))
-    return ()
+    return None
 
 
 USER = 1000  # the image's user (deploy/Dockerfile); a number, so runAsNonRoot can be checked

@@ -13,17 +13,16 @@ import time
 import numpy as np
 import pytest
 
-import sync_shared  # tests/sync_shared.py: how a train.py's JOBS and family are read
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "deploy"))
+import manifests  # noqa: E402  deploy/manifests.py: the one reader of a train.py's JOBS
 ACCURACY_BAR = 0.95  # the test accuracy every example must reach with its defaults
 
 
 def declared_jobs(example):
     """The jobs an example's train.py declares in its JOBS constant: () for one process,
     ("ps", "worker") for the classic examples, the TensorFlow 2 strategies' own otherwise."""
-    with open(os.path.join(ROOT, example, "train.py")) as f:
-        jobs = sync_shared.declared_jobs(f.read())
+    jobs = manifests.declared_jobs(os.path.join(ROOT, example, "train.py"))
     assert jobs is not None, "%s/train.py declares no JOBS" % example
     return jobs
 

@@ -10,24 +10,18 @@ examples in ONE_CLIENT, whose one client drives every worker task (their JOBS, (
 MultiWorkerMirroredStrategy's, so the name decides). The reference of a shared block above
 the banner is the first file in REFERENCES that has it.
 """
-import ast
 import os
 import re
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "deploy"))
+import manifests  # noqa: E402  deploy/manifests.py: the one reader of a train.py's JOBS
+
 BANNER = "# " + "=" * 98 + "\n# Plumbing"
 BLOCK = re.compile(r"^# >>> shared: (.+?)\n(.*?)^# <<< shared: \1$", re.S | re.M)
 REFERENCES = ["Distributed-Setup", "ParameterServerStrategy", "Non-Distributed-Setup", "DOWNPOUR",
               "Sync-SGD"]
-
-
-def declared_jobs(text):
-    """The value of the JOBS constant of a train.py's text (None if it declares none)."""
-    for node in ast.parse(text).body:
-        if isinstance(node, ast.Assign) and [getattr(t, "id", "") for t in node.targets] == ["JOBS"]:
-            return tuple(ast.literal_eval(node.value))
-    return None
 
 
 ONE_CLIENT = ("In-Graph-Replication", "Model-Parallel-Pipeline")  # worker 0 drives the others
@@ -54,7 +48,7 @@ def main():
     changed = []
     for e in examples:
         text = texts[e]
-        reference = texts[family(declared_jobs(text), e)]
+        reference = texts[family(manifests.declared_jobs(os.path.join(ROOT, e, "train.py")), e)]
         new = canonical(text[:text.index(BANNER)] + reference[reference.index(BANNER):])
         if new != text:
             with open(os.path.join(ROOT, e, "train.py"), "w") as f:

@@ -1,4 +1,5 @@
-"""benchmarks/: every figure in a README is what its script last wrote (benchmarks/readme.py)."""
+"""benchmarks/: every figure in a README is what its script last wrote
+(benchmarks/published_tables.py)."""
 import os
 import re
 import sys
@@ -8,7 +9,7 @@ import pytest
 from conftest import ROOT
 
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-import readme  # noqa: E402  (benchmarks/ is not a package)
+import published_tables  # noqa: E402  (benchmarks/ is not a package)
 
 SCRIPTS = ("compare.py", "throughput.py", "step_anatomy.py", "stragglers.py", "bandwidth.py",
            "window_sweep.py", "scaling.py", "sparse_embeddings.py", "pipeline.py", "ps_sweep.py",
@@ -34,24 +35,25 @@ def test_every_script_publishes_somewhere_and_every_section_names_a_script():
 @pytest.mark.parametrize("path,name", readmes_with_sections(),
                          ids=lambda v: os.path.relpath(v, ROOT) if "/" in str(v) else v)
 def test_each_readme_section_is_what_its_script_last_wrote(path, name):
-    with open(readme.results_path(name)) as f:
-        assert readme.read_section(path, name) == f.read(), (
+    with open(published_tables.results_path(name)) as f:
+        assert published_tables.read_section(path, name) == f.read(), (
             "%s in %s differs from %s: edit no figure by hand; rerun python benchmarks/%s"
-            % (name, os.path.relpath(path, ROOT), os.path.relpath(readme.results_path(name),
-                                                                  ROOT), name))
+            % (name, os.path.relpath(path, ROOT),
+               os.path.relpath(published_tables.results_path(name), ROOT), name))
 
 
 def test_a_part_of_a_script_is_kept_in_a_file_of_its_own():
-    assert readme.results_path("scaling.py") == os.path.join(readme.RESULTS, "scaling.md")
-    assert readme.results_path("scaling.py#Sync-SGD") == os.path.join(readme.RESULTS,
-                                                                      "scaling-Sync-SGD.md")
+    results = published_tables.RESULTS
+    assert published_tables.results_path("scaling.py") == os.path.join(results, "scaling.md")
+    assert published_tables.results_path("scaling.py#Sync-SGD") == os.path.join(
+        results, "scaling-Sync-SGD.md")
 
 
 def test_write_section_replaces_only_the_text_between_its_own_markers(tmp_path):
     page = tmp_path / "README.md"
     page.write_text("# T\nbefore\n<!-- x.py: begin -->\nold\n<!-- x.py: end -->\nafter\n"
                     "<!-- y.py: begin -->\nkept\n<!-- y.py: end -->\n")
-    readme.write_section(str(page), "x.py", "| new |\n")
+    published_tables.write_section(str(page), "x.py", "| new |\n")
     assert page.read_text() == ("# T\nbefore\n<!-- x.py: begin -->\n| new |\n<!-- x.py: end -->"
                                 "\nafter\n<!-- y.py: begin -->\nkept\n<!-- y.py: end -->\n")
 
@@ -62,5 +64,5 @@ def test_a_page_without_one_well_formed_section_is_refused_and_left_alone(tmp_pa
     page = tmp_path / "README.md"
     page.write_text(text)
     with pytest.raises(ValueError, match="x.py"):
-        readme.write_section(str(page), "x.py", "| new |\n")
+        published_tables.write_section(str(page), "x.py", "| new |\n")
     assert page.read_text() == text

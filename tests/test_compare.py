@@ -28,7 +28,7 @@ def test_compare_quick_writes_a_table_and_plots_that_list_every_example(tmp_path
     assert "[1/" in proc.stderr  # progress: which run, how many
     table = (out / "results.md").read_text()
     for example in EXAMPLES:  # all but those with a problem of their own (Sparse-Embeddings)
-        if runs.on_the_digits(example):
+        if example_runs.on_the_digits(example):
             assert "| %s |" % example in table, example
     assert "| Sparse-Embeddings |" not in table
     for name in ("accuracy.png", "scaling.png"):
@@ -57,9 +57,10 @@ def test_compare_names_the_failed_example_and_its_log(tmp_path):
 # ==================================================================================================
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 import bandwidth  # noqa: E402  (benchmarks/ is not a package)
+import command_line  # noqa: E402
 import compare  # noqa: E402
 import decision_table  # noqa: E402
-import runs  # noqa: E402
+import example_runs  # noqa: E402
 import ps_sweep  # noqa: E402
 import scaling  # noqa: E402
 import window_sweep  # noqa: E402
@@ -98,12 +99,12 @@ def bandwidth_results():
 
 
 def test_rates_are_read_fastest_first_each_once_and_a_bad_one_is_named():
-    assert bandwidth.parse_rates("20mbit,unlimited, 1gbit,100mbit,20mbit") == [
+    assert command_line.parse_rates("20mbit,unlimited, 1gbit,100mbit,20mbit") == [
         ("unlimited", None), ("1gbit", 10 ** 9), ("100mbit", 10 ** 8), ("20mbit", 2 * 10 ** 7)]
     with pytest.raises(ValueError, match=r"--bandwidth: '20mbps' is not a rate"):
-        bandwidth.parse_rates("unlimited,20mbps")
+        command_line.parse_rates("unlimited,20mbps")
     with pytest.raises(ValueError, match="at least one rate"):
-        bandwidth.parse_rates(" , ")
+        command_line.parse_rates(" , ")
 
 
 def test_ranks_share_ties_and_an_example_that_never_reached_the_bar_has_none():
@@ -261,21 +262,21 @@ def test_a_decision_table_run_that_overruns_is_not_reached_and_not_run_again(
 
         def __init__(self, command, **kwargs):
             starts.append(command)
-    monkeypatch.setattr(runs.subprocess, "Popen", Overruns)
-    monkeypatch.setattr(runs, "wait_or_stop", lambda proc, timeout: None)
+    monkeypatch.setattr(example_runs.subprocess, "Popen", Overruns)
+    monkeypatch.setattr(example_runs, "wait_or_stop", lambda proc, timeout: None)
     args = argparse_namespace(out=str(tmp_path), from_logs=False, steps=10, batch_size=64,
                               eval_every=5, seed=0, timeout=1, data_path="")
-    assert runs.run_example("Sync-SGD", 3, args, "t", timeout_is_a_result=True) is None
+    assert example_runs.run_example("Sync-SGD", 3, args, "t", timeout_is_a_result=True) is None
     assert len(starts) == 1 and "overran" in capsys.readouterr().err
     args.from_logs = True  # a redraw counts it as not reached too
-    assert runs.run_example("Sync-SGD", 3, args, "t", timeout_is_a_result=True) is None
+    assert example_runs.run_example("Sync-SGD", 3, args, "t", timeout_is_a_result=True) is None
 
 
 def test_only_a_full_run_into_the_default_folder_publishes(tmp_path):
     default = argparse_namespace(out=os.path.join(ROOT, "benchmarks", "results"))
-    assert runs.publishing(default, quick=False)
-    assert not runs.publishing(default, quick=True)
-    assert not runs.publishing(argparse_namespace(out=str(tmp_path)), quick=False)
+    assert example_runs.publishing(default, quick=False)
+    assert not example_runs.publishing(default, quick=True)
+    assert not example_runs.publishing(argparse_namespace(out=str(tmp_path)), quick=False)
 
 
 def argparse_namespace(**values):
@@ -294,7 +295,7 @@ def no_runs(monkeypatch):
     """Make any attempt to start a run fail the test."""
     def refuse(*args, **kwargs):
         raise AssertionError("a run was started: %s" % (args,))
-    monkeypatch.setattr(runs.subprocess, "Popen", refuse)
+    monkeypatch.setattr(example_runs.subprocess, "Popen", refuse)
 
 
 @pytest.mark.parametrize("main,argv", [

@@ -64,8 +64,9 @@ def training_dataset(data, batch_size, worker_index, num_workers, seed):
 '''
 
 def regression_model():
-    """The MLP's Model code with the edits README.md shows: one output, a mean-squared-error
-    loss, and the error's mean square and mean absolute value as the test metrics."""
+    """The MLP's Model code with the edits docs/own-model.md shows: one output, a
+    mean-squared-error loss, and the error's mean square and mean absolute value as the test
+    metrics."""
     with open(os.path.join(example_dir("Distributed-Setup"), "train.py")) as f:
         model = MODEL_BLOCK.search(f.read()).group(0)
     edits = [

@@ -16,8 +16,8 @@ from conftest import ROOT
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 import mnist1d_mlp  # noqa: E402  (benchmarks/ is not a package)
 import problems  # noqa: E402
-import readme  # noqa: E402
-import runs  # noqa: E402
+import published_tables  # noqa: E402
+import example_runs  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -68,18 +68,18 @@ def test_a_failed_make_says_what_to_install_and_leaves_no_file(tmp_path, monkeyp
 
 
 def parsed(argv):
-    p = runs.argparse_for("test.py", "a benchmark")
-    runs.add_run_flags(p, problem=True)
-    return runs.parse_run_flags(p, argv)
+    p = example_runs.argparse_for("test.py", "a benchmark")
+    example_runs.add_run_flags(p, problem=True)
+    return example_runs.parse_run_flags(p, argv)
 
 
 def test_problem_mnist1d_gives_every_run_the_cached_file_its_target_and_its_own_folder(
         cached, monkeypatch, tmp_path):
     monkeypatch.setattr(problems, "CACHE", cached)
     digits, mnist1d = parsed([]), parsed(["--problem", "mnist1d"])
-    assert (digits.data_path, digits.target, digits.out) == ("", 0.95, readme.RESULTS)
-    assert mnist1d.data_path == cached and mnist1d.target == runs.TARGETS["mnist1d"] < 0.68
-    assert mnist1d.out == os.path.join(readme.RESULTS, "mnist1d")
+    assert (digits.data_path, digits.target, digits.out) == ("", 0.95, published_tables.RESULTS)
+    assert mnist1d.data_path == cached and mnist1d.target == example_runs.TARGETS["mnist1d"] < 0.68
+    assert mnist1d.out == os.path.join(published_tables.RESULTS, "mnist1d")
     commands = []
 
     class Started:  # what run_example starts, recorded instead of run
@@ -88,11 +88,11 @@ def test_problem_mnist1d_gives_every_run_the_cached_file_its_target_and_its_own_
 
         def wait(self, timeout=None):
             return 1
-    monkeypatch.setattr(runs.subprocess, "Popen", Started)
+    monkeypatch.setattr(example_runs.subprocess, "Popen", Started)
     for args in (digits, mnist1d):
         args.out = str(tmp_path)
         with pytest.raises(SystemExit):  # each attempt "fails", so it stops after two
-            runs.run_example("DOWNPOUR", 2, args, "t", seed=5)
+            example_runs.run_example("DOWNPOUR", 2, args, "t", seed=5)
     digits_run, mnist1d_run = commands[0], commands[-1]
     assert "--data_path" not in digits_run
     assert mnist1d_run[mnist1d_run.index("--data_path") + 1] == cached
@@ -103,12 +103,12 @@ def test_mnist1d_figures_publish_to_a_section_of_their_own_and_only_from_their_f
         cached, monkeypatch):
     monkeypatch.setattr(problems, "CACHE", cached)
     args = parsed(["--problem", "mnist1d"])
-    assert runs.section("compare.py", args) == "compare.py#mnist1d"
-    assert runs.section("compare.py", parsed([])) == "compare.py"
-    assert runs.publishing(args, False, published=problems.PROBLEMS)
-    assert not runs.publishing(args, False)  # a script that publishes only the digits
-    args.out = readme.RESULTS  # MNIST-1D figures never land on the digits' files
-    assert not runs.publishing(args, False, published=problems.PROBLEMS)
+    assert example_runs.section("compare.py", args) == "compare.py#mnist1d"
+    assert example_runs.section("compare.py", parsed([])) == "compare.py"
+    assert example_runs.publishing(args, False, published=problems.PROBLEMS)
+    assert not example_runs.publishing(args, False)  # a script that publishes only the digits
+    args.out = published_tables.RESULTS  # MNIST-1D figures never land on the digits' files
+    assert not example_runs.publishing(args, False, published=problems.PROBLEMS)
 
 
 def test_the_paper_mlp_copy_changes_only_the_model_section_and_the_optimizer(tmp_path):

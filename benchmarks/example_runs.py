@@ -18,8 +18,8 @@ import signal
 import subprocess
 import sys
 
-import shared  # benchmarks/shared.py: link rates and the one-line error
-import readme  # benchmarks/readme.py: where the published figures live
+import command_line  # link rates and the one-line error
+import published_tables  # where the published figures live
 import problems  # benchmarks/problems.py: the digits or MNIST-1D
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -104,7 +104,9 @@ def parse_run_flags(p, argv):
 
 def results_folder(problem):
     """Where a problem's tables and plots go unless --out says otherwise."""
-    return readme.RESULTS if problem == "digits" else os.path.join(readme.RESULTS, problem)
+    if problem == "digits":
+        return published_tables.RESULTS
+    return os.path.join(published_tables.RESULTS, problem)
 
 
 def run_example(example, workers, args, tag, train_args=(), bandwidth=None, who="compare",
@@ -216,15 +218,6 @@ def stop(proc):
             continue
 
 
-def link_rate(label):
-    """A --bandwidth rate as cluster.py takes it (20mbit, 1gbit, unlimited) -> bits per second,
-    None for unlimited; ValueError with cluster.py's explanation otherwise."""
-    try:
-        return shared.parse_rate(label)
-    except argparse.ArgumentTypeError as e:
-        raise ValueError("--bandwidth: %s" % e)
-
-
 def time_to_target(metrics, target=TARGET):
     """Seconds from the chief's start until the test accuracy first reached target."""
     for seconds, _, accuracy in metrics["history"]:
@@ -238,7 +231,7 @@ def mini_batches_per_sec(metrics):
     return metrics["steps_per_sec"]
 
 
-def command_line(prog, argv, sudo=False):
+def rerun_command(prog, argv, sudo=False):
     """The command that measures it again: [sudo] python benchmarks/PROG ARGS (a redraw's
     --from_logs left out)."""
     return " ".join(["sudo"] * sudo + ["python", "benchmarks/" + prog]
@@ -303,5 +296,5 @@ def argparse_for(prog, doc, help_command=None):
     """A parser whose usage errors are one `error:` line and exit status 2."""
     p = argparse.ArgumentParser(prog=prog, description=doc.splitlines()[0])
     help_command = help_command or "python benchmarks/%s --help" % prog
-    p.error = lambda message: sys.exit(shared.error("%s (see %s)" % (message, help_command)))
+    p.error = lambda message: sys.exit(command_line.error("%s (see %s)" % (message, help_command)))
     return p

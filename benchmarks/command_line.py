@@ -1,5 +1,5 @@
-"""What every benchmark script does the same way: link rates in tc's units, and the one-line
-error for bad input or a machine that cannot.
+"""What the benchmarks' command lines share: link rates in tc's units (--bandwidth 20mbit,1gbit),
+read and spelled back for people, and the one-line error for bad input or a machine that cannot.
 """
 import argparse
 import re
@@ -18,6 +18,29 @@ def parse_rate(text):
             "%r is not a rate: use for example 20mbit, 1gbit, 500kbit (at least 1kbit) or "
             "unlimited" % text)
     return int(float(match.group(1)) * RATE_UNITS[match.group(2)])
+
+
+def link_rate(label):
+    """A --bandwidth rate as cluster.py takes it (20mbit, 1gbit, unlimited) -> bits per second,
+    None for unlimited; ValueError with cluster.py's explanation otherwise."""
+    try:
+        return parse_rate(label)
+    except argparse.ArgumentTypeError as e:
+        raise ValueError("--bandwidth: %s" % e)
+
+
+def parse_rates(text):
+    """'unlimited,1gbit,20mbit' -> [(label, bits per second or None)], fastest first, each rate
+    once; a bad rate raises ValueError with cluster.py's explanation."""
+    rates = {}
+    for label in (t.strip().lower() for t in text.split(",")):
+        if not label:
+            continue
+        rates.setdefault(link_rate(label), label)
+    if not rates:
+        raise ValueError("--bandwidth: give at least one rate, e.g. unlimited,20mbit")
+    fastest_first = sorted(rates, key=lambda bits: float("-inf") if bits is None else -bits)
+    return [(rates[bits], bits) for bits in fastest_first]
 
 
 def format_rate(bits_per_sec):
