@@ -191,8 +191,8 @@ def train(args, cluster, server, data):
             time.sleep(args.straggler_delay)  # simulates a slow machine, nothing more
         sent_to = token  # the gradient of this run goes to step sent_to, then a token comes
         loss, token = sync_round(session, [sync.loss, sync.train_op], args, "synchronous step")
-        if token == sent_to:  # a second token of the step it has just sent to: one a lost or
-            one_gradient_a_step(session, sync, token, args)  # restarting worker left unused
+        if token == sent_to and args.backup_workers == 0:  # a second token of the step it has
+            one_gradient_a_step(session, sync, token, args)  # just sent to: a lost worker's
         worker.after_update(session, loss, token)
     if worker.is_chief:
         session.run(sync.release_workers)
@@ -201,10 +201,12 @@ def train(args, cluster, server, data):
 
 
 def one_gradient_a_step(session, sync, step, args):
-    """Wait until step is aggregated without this worker's second gradient: sent, it would make
-    the step of one worker's two mini-batches (the accumulators count gradients, not workers).
-    Its next gradient, computed for step, is then stale and dropped; a step that does not come
-    within --step_timeout ends the run in one line, as a lost quorum does."""
+    """Without backup workers every step needs every worker: wait until step is aggregated
+    without this worker's second gradient, which would make the step of one worker's two
+    mini-batches (the accumulators count gradients, not workers). Its next gradient, computed
+    for step, is then stale and dropped; a step that does not come within --step_timeout ends
+    the run in one line, as a lost quorum does. (With backup workers a fast worker may send two
+    gradients to a step: that is how the step follows the fast workers.)"""
     if not wait_for(lambda: session.run(sync.global_step) > step, args.step_timeout):
         fail("worker%d: no synchronous step completed within %g s: a worker is missing"
              % (args.task_index, args.step_timeout))
