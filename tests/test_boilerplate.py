@@ -6,8 +6,9 @@ import re
 
 import pytest
 
-import sync_shared  # tests/sync_shared.py: which family a train.py belongs to
-from conftest import DISTRIBUTED_EXAMPLES, EXAMPLES, declared_jobs, example_dir
+from support.examples import DISTRIBUTED_EXAMPLES, EXAMPLES, declared_jobs, example_dir, sync_shared
+
+pytestmark = pytest.mark.quick  # seconds, and the first thing a change to a shared block breaks
 
 BLOCK = re.compile(r"^# >>> shared: (.+?)\n(.*?)^# <<< shared: \1$", re.S | re.M)
 EVERY_TRAIN_PY = {"flags", "data", "model", "summary"}
@@ -181,7 +182,7 @@ def test_every_flag_at_its_default_and_at_zero_parses_or_fails_in_one_line(examp
     """The shared flag check runs over every flag of every example, whatever its type (a string,
     a number, None): its defaults pass; a 0 is refused with exit status 2 where the default is a
     count, a size or a time of at least 1, and accepted (as 0) where the default is below 1."""
-    from conftest import load_train_module
+    from support.examples import load_train_module
     module = load_train_module(example)
     distributed = declared_jobs(example) != ()
     parse = lambda argv: module.parse_flags(argv, module.example_flags, distributed=distributed)

@@ -12,8 +12,10 @@ import time
 
 import pytest
 
-from conftest import EXAMPLES, ROOT, assert_nothing_left, interruptible, read_until
-from test_cluster import needs_namespaces
+from support.examples import EXAMPLES, ROOT
+from support.namespaces import needs_namespaces
+from support.processes import assert_nothing_left, interruptible
+from support.runs import read_until
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
