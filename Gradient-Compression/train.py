@@ -43,6 +43,7 @@ import math
 import os
 import socket
 import sys
+import threading
 import time
 
 import numpy as np

@@ -48,6 +48,7 @@ import numpy as np
 tf = None  # loaded once the flags are checked: bad input fails in one line, at once
 EXAMPLE = "MultiWorkerMirroredStrategy"
 JOBS = ("worker",)  # the jobs of its cluster; deploy/ and the tests read them here
+PREEMPTED = 42  # the exit status after a SIGTERM saved a checkpoint: start the task again
 
 
 def example_flags(parser):
@@ -161,14 +162,14 @@ def train(args, cluster, data):
     """Every worker runs this loop; worker 0 (the chief) reports and keeps the checkpoints."""
     workers = len(cluster["worker"])
     mirrored = build_mirrored(args, cluster, data)
+    checkpoint = tf.train.Checkpoint(global_step=mirrored.global_step, **mirrored.params)
     run = TrainingRun(args, cluster, lambda x, y: model_metrics(mirrored.params, x, y),
-                      (data.x_test, data.y_test), tf.train.Checkpoint(
-                          global_step=mirrored.global_step, **mirrored.params),
-                      is_chief=args.task_index == 0)
+                      (data.x_test, data.y_test), checkpoint, is_chief=args.task_index == 0)
+    preemption = on_sigterm_save_and_exit(args, mirrored, run.manager)
     replicas = mirrored.strategy.num_replicas_in_sync  # a mini-batch each in every step
     last_step = math.ceil(args.steps / replicas)  # --steps counts the mini-batches of all workers
     for step in range(run.start_step + 1, last_step + 1):
-        loss = mirrored.train_step(mirrored.iterator)
+        loss = preemption.run(mirrored.train_step, mirrored.iterator)  # a step, or save and exit
         if step % args.log_every == 0 or step == last_step:
             run.progress(float(loss), step)  # every worker saves: a checkpoint is collective
     checksum = sum(float(tf.reduce_sum(p)) for p in mirrored.params.values())
@@ -176,6 +177,26 @@ def train(args, cluster, data):
     steps = int(mirrored.global_step.numpy())
     return run.end(steps, [steps] * workers, minibatches_per_update=replicas,
                    learning_rate_eff=args.learning_rate * replicas)
+
+
+def on_sigterm_save_and_exit(args, mirrored, checkpoints):
+    """A worker sent SIGTERM (what Kubernetes sends a pod it is about to stop, a grace period
+    before it kills it): every worker finishes the same step, the chief saves a checkpoint in
+    --log_dir (through checkpoints, the run's CheckpointManager), and every worker exits with
+    status PREEMPTED, so that the restarted run resumes there
+    (tf.distribute.experimental.PreemptionCheckpointHandler, through the cluster's coordination
+    service)."""
+    def exit_preempted():
+        print("[worker%d] stopped by SIGTERM at global step %d: checkpoint saved in %s; start "
+              "the run again to resume (exit status %d)" % (
+                  args.task_index, int(mirrored.global_step.numpy()), args.log_dir, PREEMPTED),
+              file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(PREEMPTED)  # the strategy's threads would keep an ordinary exit waiting
+    save = lambda: checkpoints.save(checkpoint_number=int(mirrored.global_step.numpy()))
+    return tf.distribute.experimental.PreemptionCheckpointHandler(
+        mirrored.strategy.cluster_resolver, checkpoints, termination_config=(
+            tf.distribute.experimental.TerminationConfig(exit_fn=exit_preempted, save_fn=save)))
 
 
 def main(argv=None):

@@ -185,15 +185,29 @@ def train(args, cluster, server, data):
     session = worker.start(server, wait_for_everyone=True,  # every round needs every worker
                            each_session=lambda s: sync.hook.after_create_session(
                                s, tf.compat.v1.train.Coordinator()))  # again after a restart
+    token = None  # the step this worker sends its next gradient to
     while worker.step < math.ceil(args.steps / replicas_to_aggregate):  # --steps: mini-batches
         if straggling:
             time.sleep(args.straggler_delay)  # simulates a slow machine, nothing more
-        loss, step = sync_round(session, [sync.loss, sync.train_op], args, "synchronous step")
-        worker.after_update(session, loss, step)
+        sent_to = token  # the gradient of this run goes to step sent_to, then a token comes
+        loss, token = sync_round(session, [sync.loss, sync.train_op], args, "synchronous step")
+        if token == sent_to:  # a second token of the step it has just sent to: one a lost or
+            one_gradient_a_step(session, sync, token, args)  # restarting worker left unused
+        worker.after_update(session, loss, token)
     if worker.is_chief:
         session.run(sync.release_workers)
     return worker.end(session, minibatches_per_update=replicas_to_aggregate,
                    replicas_to_aggregate=replicas_to_aggregate, backup_workers=args.backup_workers)
+
+
+def one_gradient_a_step(session, sync, step, args):
+    """Wait until step is aggregated without this worker's second gradient: sent, it would make
+    the step of one worker's two mini-batches (the accumulators count gradients, not workers).
+    Its next gradient, computed for step, is then stale and dropped; a step that does not come
+    within --step_timeout ends the run in one line, as a lost quorum does."""
+    if not wait_for(lambda: session.run(sync.global_step) > step, args.step_timeout):
+        fail("worker%d: no synchronous step completed within %g s: a worker is missing"
+             % (args.task_index, args.step_timeout))
 
 
 def main(argv=None):

@@ -12,7 +12,7 @@ import readme  # noqa: E402  (benchmarks/ is not a package)
 
 SCRIPTS = ("compare.py", "throughput.py", "step_anatomy.py", "stragglers.py", "bandwidth.py",
            "window_sweep.py", "scaling.py", "sparse_embeddings.py", "pipeline.py", "ps_sweep.py",
-           "mnist1d_mlp.py", "decision_table.py")
+           "mnist1d_mlp.py", "decision_table.py", "compression.py")
 
 
 def readmes_with_sections():

@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from support.examples import error_lines, load_train_module, run_train_noting_tensorflow
+from support.examples import (ACCURACY_BAR, error_lines, load_train_module,
+                              run_train_noting_tensorflow)
 from support.in_process import flags
 from support.processes import assert_nothing_left, free_ports
 from support.runs import finish, read_until, start_example
@@ -64,6 +65,44 @@ def test_a_killed_worker_stops_the_other_in_one_line_and_a_rerun_resumes(tmp_pat
     assert summary["global_step"] == "300"
     assert int(summary["updates"]) == 300 - min(resumed)
     assert_nothing_left(str(tmp_path))
+
+
+@pytest.mark.parametrize("victim", ["worker1", "worker0"])
+def test_a_sigterm_saves_a_checkpoint_at_one_step_on_every_worker_and_the_rerun_resumes_there(
+        tmp_path, victim):
+    """What Kubernetes sends a pod before it stops it: every worker stops after the same step,
+    the chief's checkpoint is that step (not the last progress line's), both exit 42, and the
+    restarted run resumes from it."""
+    log_dir = str(tmp_path / "logs")
+    proc = start_example(EXAMPLE, ["--log_dir", log_dir, "--steps", "40000", "--log_every",
+                                   "100"])
+    seen = read_until(proc, "[worker0] global_step=200 ", timeout=180)
+    os.kill(int(seen.split("started %s pid=" % victim)[1].split()[0]), signal.SIGTERM)
+    run = finish(proc, timeout=60)
+    stopped = {l.split("]")[0][1:]: int(l.split("at global step ")[1].split(":")[0])
+               for l in run.output.splitlines() if "stopped by SIGTERM at global step" in l}
+    assert sorted(stopped) == ["worker0", "worker1"], run.output[-3000:]
+    step = stopped["worker0"]
+    assert stopped["worker1"] == step and step > 200
+    assert "failed: worker0 (exit 42) worker1 (exit 42)" in run.output
+    assert os.path.basename(tf_latest_checkpoint(log_dir)) == "ckpt-%d" % step
+    assert "Traceback" not in run.output
+    assert_nothing_left(str(tmp_path))
+    again = finish(start_example(EXAMPLE, ["--log_dir", log_dir, "--steps", str(2 * step + 200)]),
+                   timeout=180)
+    assert again.code == 0, again.output[-3000:]
+    assert again.output.count("resuming from the checkpoint at global step %d" % step) == 2
+    summary = again.summary()
+    assert int(summary["updates"]) == int(summary["global_step"]) - step == 100
+    assert float(summary["test_accuracy"]) >= ACCURACY_BAR
+    assert_nothing_left(str(tmp_path))
+
+
+def tf_latest_checkpoint(log_dir):
+    """The checkpoint the 'checkpoint' file in log_dir names as the latest."""
+    with open(os.path.join(log_dir, "checkpoint")) as f:
+        line = f.readline()  # model_checkpoint_path: "ckpt-N"
+    return os.path.join(log_dir, line.split('"')[1])
 
 
 def test_bad_input_fails_in_one_line_before_tensorflow_loads():
