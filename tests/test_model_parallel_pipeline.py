@@ -272,8 +272,7 @@ def test_across_two_tasks_its_client_drives_both(default_runs):
 @pytest.mark.cluster
 @pytest.mark.timeout(900)
 def test_the_pipeline_benchmark_smoke_run_measures_every_m_and_leaves_nothing(tmp_path):
-    from support.namespaces import missing_for_namespaces
-    from test_compare import assert_runs_left_nothing
+    from support.namespaces import assert_runs_left_nothing, missing_for_namespaces
     if missing_for_namespaces():
         pytest.skip(missing_for_namespaces())
     out = tmp_path / "results"

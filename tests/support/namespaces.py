@@ -2,6 +2,7 @@
 tool started, and no process and no namespace of its run left. Making namespaces needs root, ip
 and tc; a test that makes them is marked needs_namespaces, and skips with the reason otherwise."""
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -56,3 +57,28 @@ def assert_run_left_nothing(proc, tmp_path):
         for name in left:  # remove them anyway, so one failure does not spoil the machine
             subprocess.run(["ip", "netns", "delete", name], timeout=10)
         assert not left, "namespaces left behind: %s" % left
+
+
+def namespaces_of_runs(logs):
+    """The namespaces the cluster.py runs logged in logs named (dtfg<pid>-<role>), still there."""
+    prefixes = set()
+    for name in (os.listdir(logs) if os.path.isdir(logs) else []):
+        if name.endswith(".log"):
+            with open(os.path.join(logs, name)) as f:
+                prefixes.update(re.findall(r"namespace (dtfg\d+)-<role>", f.read()))
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
+                            timeout=10).stdout.split()
+    return prefixes, [n for n in listed if n.split("-")[0] in prefixes]
+
+
+def assert_runs_left_nothing(tmp_path, logs):
+    """No process of the test's runs and none of their namespaces (removed anyway, so that one
+    failure does not spoil the machine); returns the namespace prefixes the runs used."""
+    try:
+        assert_nothing_left(str(tmp_path))
+    finally:
+        prefixes, left = namespaces_of_runs(str(logs))
+        for name in left:
+            subprocess.run(["ip", "netns", "delete", name], timeout=10)
+    assert not left, "namespaces left behind: %s" % left
+    return prefixes
