@@ -131,4 +131,5 @@ def test_concurrent_exchanges_conserve_the_sum_of_the_centre_and_the_workers():
         np.testing.assert_allclose(value, before[name], rtol=1e-4, atol=1e-5, err_msg=name)
 
 
-# --- End to end through run.sh --------------------------------------------------------------------
+# End to end (the default run, an exchange a window, the centre evaluated, a killed worker):
+# test_examples_end_to_end.py

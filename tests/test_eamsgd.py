@@ -99,7 +99,7 @@ def test_after_an_exchange_the_look_ahead_is_taken_from_the_moved_copy():
         np.testing.assert_allclose(value, moved[name] + step, rtol=1e-5, atol=1e-6, err_msg=name)
 
 
-# --- End to end through run.sh --------------------------------------------------------------------
+# --- Flags ----------------------------------------------------------------------------------------
 def test_momentum_and_alpha_may_be_zero_but_the_window_may_not():
     args = flags(eamsgd, "--momentum", "0", "--alpha", "0")  # AEASGD; workers training alone
     assert (args.momentum, args.alpha) == (0, 0)
