@@ -3,6 +3,7 @@ finished within a bound; a task killed mid-run; the tasks of a cluster started o
 import fcntl
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -117,6 +118,7 @@ class DefaultRuns(object):
                 fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
                 saved = folder / "run.json"
                 if not saved.exists():
+                    shutil.rmtree(str(folder), ignore_errors=True)  # a failed try's, if any
                     folder.mkdir()
                     metrics_file = str(folder / "metrics.json")
                     run = run_example(example, folder, "--metrics_file", metrics_file, *args,
