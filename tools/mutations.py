@@ -28,6 +28,12 @@ def node(path, *tests):
     return tuple("%s::%s" % (path, test) for test in tests)
 
 
+# the chief's restore at a resume, as the appendix of Distributed-Setup and Evolution-Strategies
+# writes it, and a restore of the global step alone over freshly initialised variables
+RESTORE = "                    self.saver.restore(session, checkpoint)\n"
+RESTORE_ONLY_THE_STEP = ("                    session.run(self.initialise)\n"
+                         "                    self.global_step.load("
+                         "tf.train.load_variable(checkpoint, 'global_step'), session)\n")
 ELASTIC = "tests/test_examples_end_to_end.py::test_the_chief_evaluates_the_centre_not_its_own_copy"
 # EAMSGD's rule tests, and the exchange test it shares with AEASGD
 EAMSGD_RULE = ("tests/test_eamsgd.py", "tests/test_aeasgd.py::test_two_workers_exchanges_both_land_"
@@ -102,16 +108,12 @@ MUTATIONS = [
              None),
     Mutation("Distributed-Setup: a resumed chief initialises everything, restores only the step",
              "Distributed-Setup/train.py",
-             "                self.saver.restore(session, checkpoint)\n",
-             "                session.run(global_init)\n                self.global_step.load("
-             "tf.train.load_variable(checkpoint, 'global_step'), session)\n",
+             RESTORE, RESTORE_ONLY_THE_STEP,
              node("tests/test_distributed_setup.py",
                   "test_a_rerun_with_the_same_log_dir_resumes_from_the_checkpoint"), None),
     Mutation("Evolution-Strategies: a resumed chief initialises theta, restores only the step",
              "Evolution-Strategies/train.py",
-             "                self.saver.restore(session, checkpoint)\n",
-             "                session.run(global_init)\n                self.global_step.load("
-             "tf.train.load_variable(checkpoint, 'global_step'), session)\n",
+             RESTORE, RESTORE_ONLY_THE_STEP,
              node("tests/test_evolution_strategies.py",
                   "test_a_rerun_resumes_from_the_chiefs_checkpoint_with_every_copy_alike"), None),
     Mutation("DOWNPOUR: pushes the mean of the gradients, not the sum", "DOWNPOUR/train.py",
@@ -235,7 +237,8 @@ def failing_tests(mutation):
             f.write(original)
     failed = re.findall(r"^(?:FAILED|ERROR) \S+::(\S+)", run.stdout, re.M)
     if not failed and run.returncode not in (0, 1):  # no test ran, or pytest itself failed
-        failed = ["(pytest exit %d: %s)" % (run.returncode, run.stdout.strip().splitlines()[-1])]
+        last = (run.stdout.strip() or run.stderr.strip() or "no output").splitlines()[-1]
+        failed = ["(pytest exit %d: %s)" % (run.returncode, last)]
     return failed
 
 
