@@ -6,16 +6,15 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import (assert_a_killed_worker_does_not_hang_the_others, assert_one_push_per_window,
-                      assert_the_chief_evaluated_what_it_checkpointed, assert_ticks_are_one_each,
-                      assert_trained_to_the_bar, fixed_batch, flags, in_process_cluster,
-                      in_threads, load_train_module, one_worker_session, run_with_defaults,
-                      values, worker_sessions)
+from support.examples import load_train_module
+from support.in_process import (assert_ticks_are_one_each, fixed_batch, flags, in_process_cluster,
+                                in_threads, one_worker_session, values, worker_sessions)
 
 adag = load_train_module("ADAG")
 
 
 # --- The algorithm, op by op ----------------------------------------------------------------------
+@pytest.mark.rule
 def test_adag_places_the_parameters_on_the_ps_and_the_local_copies_on_the_worker():
     cluster, _ = in_process_cluster()
     with tf.Graph().as_default():
@@ -26,6 +25,7 @@ def test_adag_places_the_parameters_on_the_ps_and_the_local_copies_on_the_worker
             assert v.device.startswith("/job:worker/task:0"), (v.name, v.device)
 
 
+@pytest.mark.rule
 def test_adag_moves_the_ps_by_the_local_change_divided_by_the_window():
     cluster, (worker,) = in_process_cluster()
     args = flags(adag, "--window", "4", "--learning_rate", "0.1")
@@ -47,6 +47,7 @@ def test_adag_moves_the_ps_by_the_local_change_divided_by_the_window():
             np.testing.assert_array_equal(theta, after[name])
 
 
+@pytest.mark.rule
 def test_adag_with_a_window_of_one_equals_a_downpour_style_push():
     # A window of 1 divides by 1: the push is the whole local change, as DOWNPOUR pushes it.
     # Compare with the DOWNPOUR example itself, its ps doing plain SGD at the same learning
@@ -74,6 +75,7 @@ def test_adag_with_a_window_of_one_equals_a_downpour_style_push():
         np.testing.assert_allclose(by_adag[name], by_downpour[name], rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.rule
 def test_concurrent_pushes_each_tick_the_clock_once_and_count_the_pushes_of_others_between():
     # three workers push at once; the staleness meter counts, per push, the pushes of others
     # since the worker's own previous one: each push's tick its own, none counted below zero
@@ -97,28 +99,6 @@ def test_concurrent_pushes_each_tick_the_clock_once_and_count_the_pushes_of_othe
 
 
 # --- End to end through run.sh --------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def default_run(tmp_path_factory):
-    """One run with the defaults (1 ps + 2 workers), shared by the tests that read it."""
-    return run_with_defaults("ADAG", tmp_path_factory)
-
-
-def test_adag_chief_evaluates_the_global_parameters(default_run):
-    assert_the_chief_evaluated_what_it_checkpointed(default_run, "ADAG")
-
-
-def test_adag_reaches_the_accuracy_bar_with_its_defaults(default_run):
-    assert_trained_to_the_bar(default_run, workers=2)
-
-
-def test_adag_pushes_once_per_window_per_worker(default_run):
-    assert_one_push_per_window(default_run, window=5, steps=2000)
-
-
-def test_adag_a_worker_killed_mid_run_does_not_hang_the_others(tmp_path):
-    assert_a_killed_worker_does_not_hang_the_others("ADAG", tmp_path, min_global_step=3000 // 5)
-
-
-def test_adag_counts_the_pushes_of_others_between_a_pull_and_a_push(default_run):
-    staleness = float(default_run.summary()["mean_staleness"])
-    assert 0 < staleness < 2, default_run.summary()
+def test_adag_counts_the_pushes_of_others_between_a_pull_and_a_push(default_runs):
+    summary = default_runs["ADAG"].summary()
+    assert 0 < float(summary["mean_staleness"]) < 2, summary

@@ -5,11 +5,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import (assert_a_killed_worker_does_not_hang_the_others, assert_nothing_left,
-                      assert_one_push_per_window, assert_the_chief_evaluated_what_it_checkpointed,
-                      assert_trained_to_the_bar, finish, fixed_batch, flags, in_process_cluster,
-                      in_threads, load_train_module, one_worker_session, run_with_defaults,
-                      sgd_step_reference, start_example, values, worker_sessions)
+from support.examples import load_train_module
+from support.in_process import (fixed_batch, flags, in_process_cluster, in_threads,
+                                one_worker_session, sgd_step_reference, values, worker_sessions)
 
 aeasgd = load_train_module("AEASGD")
 
@@ -27,6 +25,7 @@ def exchange_once(alpha, window=3):
 
 
 # --- The algorithm, op by op ----------------------------------------------------------------------
+@pytest.mark.rule
 def test_aeasgd_keeps_the_centre_on_the_ps_and_the_local_parameters_on_the_worker():
     cluster, _ = in_process_cluster()
     with tf.Graph().as_default():
@@ -37,6 +36,7 @@ def test_aeasgd_keeps_the_centre_on_the_ps_and_the_local_parameters_on_the_worke
             assert v.device.startswith("/job:worker/task:0"), (v.name, v.device)
 
 
+@pytest.mark.rule
 def test_an_exchange_moves_worker_and_centre_towards_each_other_by_alpha_times_the_difference():
     (local, centre), (local_after, centre_after) = exchange_once(alpha=0.3)
     for name in local:
@@ -53,6 +53,7 @@ def test_an_exchange_moves_worker_and_centre_towards_each_other_by_alpha_times_t
         assert not np.allclose(local_after[name], centre_after[name])
 
 
+@pytest.mark.rule
 def test_with_alpha_one_an_exchange_swaps_worker_and_centre():
     (local, centre), (local_after, centre_after) = exchange_once(alpha=1.0)
     for name in local:
@@ -60,6 +61,7 @@ def test_with_alpha_one_an_exchange_swaps_worker_and_centre():
         np.testing.assert_allclose(centre_after[name], local[name], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.rule
 def test_with_alpha_zero_the_centre_stays_frozen_and_the_worker_trains_alone():
     (local, centre), (local_after, centre_after) = exchange_once(alpha=0.0)
     for name in local:
@@ -67,6 +69,7 @@ def test_with_alpha_zero_the_centre_stays_frozen_and_the_worker_trains_alone():
         np.testing.assert_array_equal(local_after[name], local[name])
 
 
+@pytest.mark.rule
 def test_a_local_step_is_sgd_and_after_an_exchange_its_gradient_is_taken_at_the_moved_copy():
     # the one step per window where the example departs from the paper, as its docstring says
     cluster, (worker,) = in_process_cluster()
@@ -82,10 +85,14 @@ def test_a_local_step_is_sgd_and_after_an_exchange_its_gradient_is_taken_at_the_
         s.run(ops.exchange)
 
 
-def test_two_workers_exchanges_both_land_and_the_second_sees_the_first():
+@pytest.mark.rule
+@pytest.mark.parametrize("example", ["AEASGD", "EAMSGD"])  # EAMSGD's exchange is AEASGD's
+def test_two_workers_exchanges_both_land_and_the_second_sees_the_first(example):
     # worker 1 exchanges, then worker 0: worker 0's exchange reads the centre worker 1 left,
     # and adds to it (an assign of its own result would lose worker 1's)
-    workers = worker_sessions(aeasgd, aeasgd.build_aeasgd, 2, "--alpha", "0.3")
+    module = load_train_module(example)
+    workers = worker_sessions(module, getattr(module, "build_" + example.lower()), 2,
+                              "--alpha", "0.3")
     for ops, s, _ in workers:
         for _ in range(3):
             s.run(ops.local_step)
@@ -102,6 +109,7 @@ def test_two_workers_exchanges_both_land_and_the_second_sees_the_first():
                                    rtol=1e-5, atol=1e-6, err_msg=name)
 
 
+@pytest.mark.rule
 def test_concurrent_exchanges_conserve_the_sum_of_the_centre_and_the_workers():
     # each exchange moves a worker and the centre by equal and opposite amounts: however the
     # exchanges of three workers interleave on the ps, none may be lost
@@ -123,31 +131,5 @@ def test_concurrent_exchanges_conserve_the_sum_of_the_centre_and_the_workers():
         np.testing.assert_allclose(value, before[name], rtol=1e-4, atol=1e-5, err_msg=name)
 
 
-# --- End to end through run.sh --------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def default_run(tmp_path_factory):
-    """One run with the defaults (1 ps + 2 workers), shared by the tests that read it."""
-    return run_with_defaults("AEASGD", tmp_path_factory)
-
-
-def test_aeasgd_reaches_the_accuracy_bar_with_its_defaults(default_run):
-    assert_trained_to_the_bar(default_run, workers=2)
-    assert float(default_run.summary()["alpha"]) == 0.3
-
-
-def test_aeasgd_exchanges_once_every_window_of_local_steps_per_worker(default_run):
-    assert_one_push_per_window(default_run, window=8, steps=2000)
-
-
-def test_aeasgd_a_worker_killed_mid_run_does_not_hang_the_others(tmp_path):
-    assert_a_killed_worker_does_not_hang_the_others("AEASGD", tmp_path, min_global_step=3000 // 8)
-
-
-def test_the_chief_evaluates_the_centre_not_its_own_copy(tmp_path):
-    # alpha 0: the centre stays at the initial parameters while the workers train alone, so
-    # the centre's accuracy and a worker's are far apart
-    run = finish(start_example("AEASGD", ["--log_dir", str(tmp_path / "logs"), "--alpha", "0",
-                                       "--steps", "320"]), timeout=180)
-    assert run.code == 0, run.output[-3000:]
-    assert assert_the_chief_evaluated_what_it_checkpointed(run, "AEASGD") < 0.3, run.summary()
-    assert_nothing_left(str(tmp_path))
+# End to end (the default run, an exchange a window, the centre evaluated, a killed worker):
+# test_examples_end_to_end.py

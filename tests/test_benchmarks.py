@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from support.examples import ROOT
 
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 import published_tables  # noqa: E402  (benchmarks/ is not a package)

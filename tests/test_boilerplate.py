@@ -6,8 +6,9 @@ import re
 
 import pytest
 
-import sync_shared  # tests/sync_shared.py: which family a train.py belongs to
-from conftest import DISTRIBUTED_EXAMPLES, EXAMPLES, declared_jobs, example_dir
+from support.examples import DISTRIBUTED_EXAMPLES, EXAMPLES, declared_jobs, example_dir, sync_shared
+
+pytestmark = pytest.mark.quick  # seconds, and the first thing a change to a shared block breaks
 
 BLOCK = re.compile(r"^# >>> shared: (.+?)\n(.*?)^# <<< shared: \1$", re.S | re.M)
 EVERY_TRAIN_PY = {"flags", "data", "model", "summary"}
@@ -181,7 +182,7 @@ def test_every_flag_at_its_default_and_at_zero_parses_or_fails_in_one_line(examp
     """The shared flag check runs over every flag of every example, whatever its type (a string,
     a number, None): its defaults pass; a 0 is refused with exit status 2 where the default is a
     count, a size or a time of at least 1, and accepted (as 0) where the default is below 1."""
-    from conftest import load_train_module
+    from support.examples import load_train_module
     module = load_train_module(example)
     distributed = declared_jobs(example) != ()
     parse = lambda argv: module.parse_flags(argv, module.example_flags, distributed=distributed)
@@ -195,3 +196,25 @@ def test_every_flag_at_its_default_and_at_zero_parses_or_fails_in_one_line(examp
             assert capsys.readouterr().err.startswith("error: --%s must be positive" % flag), flag
         else:
             assert getattr(parse(["--" + flag, "0"]), flag) == 0, flag
+
+
+def test_no_python_file_uses_a_name_it_never_defines():
+    """A name used but never defined or imported fails only when its line runs, possibly deep in
+    a restart: a shared block copied into a train.py that lacks one of its imports once made
+    every Gradient-Compression run fail in Worker.start. pyflakes finds such names unrun."""
+    import glob
+    import pyflakes.checker
+    import pyflakes.messages
+    undefined = (pyflakes.messages.UndefinedName, pyflakes.messages.UndefinedLocal,
+                 pyflakes.messages.UndefinedExport)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    found = []
+    for pattern in ("*/train.py", "benchmarks/*.py", "deploy/*.py", "tools/*.py", "tests/*.py",
+                    "tests/support/*.py"):
+        for path in sorted(glob.glob(os.path.join(root, pattern))):
+            with open(path) as f:
+                tree = ast.parse(f.read(), path)
+            found += ["%s: %s" % (os.path.relpath(path, root), m.message % m.message_args)
+                      for m in pyflakes.checker.Checker(tree, filename=path).messages
+                      if isinstance(m, undefined)]
+    assert found == []

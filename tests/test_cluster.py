@@ -10,7 +10,6 @@ import json
 import os
 import re
 import select
-import shutil
 import signal
 import subprocess
 import sys
@@ -18,62 +17,14 @@ import time
 
 import pytest
 
-from conftest import ACCURACY_BAR, ROOT, assert_nothing_left, finish, interruptible, read_until
+from support.examples import ACCURACY_BAR, ROOT
+from support.namespaces import (CLUSTER_PY, assert_run_left_nothing, namespaces_with_prefix,
+                                needs_namespaces, start_tool)
+from support.processes import assert_nothing_left
+from support.runs import finish, read_until, summary_of
 
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 import cluster as cluster_tool  # noqa: E402  (benchmarks/ is not a package)
-
-CLUSTER_PY = os.path.join(ROOT, "benchmarks", "cluster.py")
-
-
-def missing_for_namespaces():
-    if os.geteuid() != 0:
-        return "network namespaces need root"
-    missing = [tool for tool in ("ip", "tc") if not shutil.which(tool)]
-    return "not found on PATH: %s" % ", ".join(missing) if missing else None
-
-
-needs_namespaces = pytest.mark.skipif(missing_for_namespaces() is not None,
-                                      reason=missing_for_namespaces() or "")
-
-
-def namespaces_with_prefix(prefix):
-    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=10)
-    return [line.split()[0] for line in out.stdout.splitlines()
-            if line.startswith(prefix + "-")]
-
-
-def start_tool(args, env=None):
-    """cluster.py in its own session (SIGINT at its default), so a test can always stop it all."""
-    return subprocess.Popen([sys.executable, CLUSTER_PY] + list(args), cwd=ROOT,
-                            env=dict(os.environ, **(env or {})), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                            preexec_fn=interruptible)
-
-
-def assert_run_left_nothing(proc, tmp_path):
-    """No process of the run (their command lines hold tmp_path) and none of its namespaces."""
-    if proc.poll() is None:  # a test that failed half-way: let the tool clean up first
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    try:
-        assert_nothing_left(str(tmp_path))
-    finally:
-        left = namespaces_with_prefix("dtfg%d" % proc.pid)
-        for name in left:  # remove them anyway, so one failure does not spoil the machine
-            subprocess.run(["ip", "netns", "delete", name], timeout=10)
-        assert not left, "namespaces left behind: %s" % left
-
-
-def summary_of(output, role):
-    """The summary line of one role ([worker0] or [cluster]) as a dict of strings."""
-    lines = [l for l in output.splitlines() if l.startswith("[%s] summary " % role)]
-    assert lines, "no [%s] summary line in:\n%s" % (role, output[-3000:])
-    return dict(kv.split("=", 1) for kv in lines[-1].split(" summary ", 1)[1].split())
 
 
 def started_pids(output):
@@ -123,32 +74,14 @@ def test_each_family_trains_to_the_bar_with_every_task_on_its_own_host(example, 
     assert metrics["cluster"]["busiest_link"]["host"] == "ps0"
 
 
-# On a real cluster tasks start apart: a late ps or a late worker, for an asynchronous, a windowed
-# and a synchronous example. The seeds of --stagger put the named task last (seed 0: ps0;
-# seed 7: worker1).
-@pytest.mark.cluster
-@needs_namespaces
-@pytest.mark.parametrize("example,seed,last", [
-    ("Hogwild", 0, "ps0"), ("DOWNPOUR", 7, "worker1"), ("Sync-SGD", 7, "worker1")])
-def test_tasks_that_start_apart_still_train_to_the_bar(example, seed, last, tmp_path):
-    proc = start_tool([example, "--stagger", "10", "--seed", str(seed), "--timeout", "150",
-                       "--log_dir", str(tmp_path / "logs")])
-    try:
-        run = finish(proc, timeout=180)
-    finally:
-        assert_run_left_nothing(proc, tmp_path)
-    assert run.code == 0, run.output[-3000:]
-    order = re.findall(r"\[cluster\] started (\w+) pid=", run.output)
-    assert order[2] == last, order
-    chief = summary_of(run.output, "worker0")
-    assert float(chief["test_accuracy"]) >= ACCURACY_BAR, chief
-    assert chief["lost_workers"] == "0", chief
-    assert "[ps0] the run is over; shutting down" in run.output
-
-
-# A task that dies and comes back at the same address, as a restart policy would bring it: the
-# chief (it goes on from the ps's variables), a worker, or the ps (the chief restores the variables
-# from its last checkpoint, and every worker takes up the run again on a new session). In the
+# On a real cluster tasks start apart, and one may die and come back at the same address, as a
+# restart policy would bring it. Each run below starts its tasks apart first: a late ps or a late
+# worker, for an asynchronous, a windowed and a synchronous example (the seeds of --stagger put
+# the named task last: seed 0, ps0; seed 7, worker1), and the run checks that order; then it
+# restarts a task: the chief (it goes on from the ps's variables), a worker, or the ps (the chief
+# restores the variables from its last checkpoint, and every worker takes up the run again on a
+# new session). A run of a late start alone, without the restart, was a test of its own; these
+# runs make the same checks of it (the order, the bar, no worker lost, the ps's end). In the
 # default run again: 28 such runs in a row completed at the bar here (these five and five more,
 # each twice or three times), where before a restarted chief re-initialised the run and a
 # restarted ps ended it. The restart comes while the long run is training; a ps's after the

@@ -4,7 +4,6 @@ network (compare.py --bandwidth, benchmarks/bandwidth.py) and the window sweep
 import argparse
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -12,8 +11,10 @@ import time
 
 import pytest
 
-from conftest import EXAMPLES, ROOT, assert_nothing_left, interruptible, read_until
-from test_cluster import needs_namespaces
+from support.examples import EXAMPLES, ROOT
+from support.namespaces import assert_runs_left_nothing, namespaces_of_runs, needs_namespaces
+from support.processes import assert_nothing_left, interruptible
+from support.runs import read_until
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -402,31 +403,6 @@ def run_benchmark(argv, timeout):
             output, _ = proc.communicate()
         pytest.fail("%s did not finish within %d s:\n%s" % (argv[0], timeout, output[-3000:]))
     return proc.returncode, output
-
-
-def namespaces_of_runs(logs):
-    """The namespaces the cluster.py runs logged in logs named (dtfg<pid>-<role>), still there."""
-    prefixes = set()
-    for name in (os.listdir(logs) if os.path.isdir(logs) else []):
-        if name.endswith(".log"):
-            with open(os.path.join(logs, name)) as f:
-                prefixes.update(re.findall(r"namespace (dtfg\d+)-<role>", f.read()))
-    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
-                            timeout=10).stdout.split()
-    return prefixes, [n for n in listed if n.split("-")[0] in prefixes]
-
-
-def assert_runs_left_nothing(tmp_path, logs):
-    """No process of the test's runs and none of their namespaces (removed anyway, so that one
-    failure does not spoil the machine); returns the namespace prefixes the runs used."""
-    try:
-        assert_nothing_left(str(tmp_path))
-    finally:
-        prefixes, left = namespaces_of_runs(str(logs))
-        for name in left:
-            subprocess.run(["ip", "netns", "delete", name], timeout=10)
-    assert not left, "namespaces left behind: %s" % left
-    return prefixes
 
 
 @pytest.mark.benchmark

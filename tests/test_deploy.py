@@ -19,10 +19,10 @@ import kubernetes_validate.utils
 import pytest
 import yaml
 
-from conftest import (ACCURACY_BAR, DISTRIBUTED_EXAMPLES, EXAMPLES, ROOT, error_lines,
-                      load_train_module)
-from test_cluster import (assert_run_left_nothing, missing_for_namespaces, start_tool,
-                          summary_of)
+from support.examples import (ACCURACY_BAR, DISTRIBUTED_EXAMPLES, EXAMPLES, ROOT, error_lines,
+                              load_train_module)
+from support.namespaces import assert_run_left_nothing, missing_for_namespaces, start_tool
+from support.runs import summary_of
 
 sys.path.insert(0, os.path.join(ROOT, "deploy"))
 import entrypoint  # noqa: E402  (deploy/ is not a package)

@@ -1,12 +1,11 @@
 """DiLoCo: H inner steps per worker, then the ps applies the mean outer gradient with Nesterov
 momentum; with plain SGD at rate 1 on the ps it is Local SGD (model averaging)."""
 import numpy as np
+import pytest
 
-from conftest import (all_at_once, assert_a_lost_worker_stops_the_rounds,
-                      assert_every_worker_in_every_round,
-                      assert_the_chief_evaluated_what_it_checkpointed, error_lines, fixed_batch,
-                      flags, load_train_module, run_train, run_with_defaults, sync_workers,
-                      values)
+from support.checks import assert_every_worker_in_every_round
+from support.examples import error_lines, load_train_module, run_train
+from support.in_process import all_at_once, fixed_batch, flags, sync_workers, values
 
 diloco = load_train_module("DiLoCo")
 
@@ -30,6 +29,7 @@ def one_round(ops, sessions, window=3):
 
 
 # --- The algorithm, op by op ----------------------------------------------------------------------
+@pytest.mark.rule
 def test_two_rounds_apply_the_mean_outer_gradient_with_nesterov_momentum_on_the_ps():
     ops, sessions = two_workers("--outer_learning_rate", "0.7", "--outer_momentum", "0.9")
     momentum = {}  # the ps's momentum buffer, as the rule in the docstring keeps it
@@ -51,6 +51,7 @@ def test_two_rounds_apply_the_mean_outer_gradient_with_nesterov_momentum_on_the_
                 np.testing.assert_array_equal(values(s, o.start)[name], after[name])
 
 
+@pytest.mark.rule
 def test_at_momentum_zero_and_rate_one_on_the_ps_it_is_local_sgd_model_averaging():
     ops, sessions = two_workers("--outer_learning_rate", "1", "--outer_momentum", "0",
                                 "--inner_optimizer", "sgd")
@@ -60,6 +61,7 @@ def test_at_momentum_zero_and_rate_one_on_the_ps_it_is_local_sgd_model_averaging
                                    rtol=1e-5, atol=1e-6, err_msg=name)
 
 
+@pytest.mark.rule
 def test_the_adamw_state_stays_on_the_worker_and_is_kept_from_round_to_round():
     ops, sessions = two_workers()
     state = ops[0].inner_state
@@ -105,6 +107,7 @@ def adam_reference(start, steps, learning_rate):
             return values(session, params)
 
 
+@pytest.mark.rule
 def test_the_inner_adamw_is_adam_with_the_weight_decay_applied_to_the_parameters():
     start, no_decay = inner_steps_alone(5, "--weight_decay", "0")
     for name, value in adam_reference(start, 5, learning_rate=0.01).items():
@@ -120,16 +123,12 @@ def test_the_inner_adamw_is_adam_with_the_weight_decay_applied_to_the_parameters
 
 
 # --- End to end through run.sh --------------------------------------------------------------------
-def test_diloco_reaches_the_bar_in_rounds_of_h_steps_of_every_worker(tmp_path_factory):
-    # 2000 mini-batches, 2 workers x H = 10 a round
-    run = run_with_defaults("DiLoCo", tmp_path_factory)
-    summary = assert_every_worker_in_every_round(run, rounds=100, steps_per_round=10)
-    assert_the_chief_evaluated_what_it_checkpointed(run, "DiLoCo")
+def test_diloco_trains_in_rounds_of_h_steps_of_every_worker(default_runs):
+    # 2000 mini-batches, 2 workers x H = 10 a round (the bar, and the chief's evaluation of the
+    # parameters it checkpointed: test_examples_end_to_end.py)
+    summary = assert_every_worker_in_every_round(default_runs["DiLoCo"], rounds=100,
+                                                 steps_per_round=10)
     assert summary["inner_optimizer"] == "adamw" and summary["outer_momentum"] == "0.9"
-
-
-def test_without_backup_workers_a_killed_worker_stops_the_rest_with_a_clear_error(tmp_path):
-    assert_a_lost_worker_stops_the_rounds("DiLoCo", tmp_path, "round")
 
 
 def test_backup_workers_are_refused_in_one_line():

@@ -5,16 +5,15 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import (assert_a_killed_worker_does_not_hang_the_others, assert_one_push_per_window,
-                      assert_same, assert_the_chief_evaluated_what_it_checkpointed,
-                      assert_trained_to_the_bar, differs, fixed_batch, flags, in_process_cluster,
-                      load_train_module, one_worker_session, run_with_defaults, values,
-                      worker_config)
+from support.examples import load_train_module
+from support.in_process import (assert_same, differs, fixed_batch, flags, in_process_cluster,
+                                one_worker_session, values, worker_config)
 
 downpour = load_train_module("DOWNPOUR")
 
 
 # --- The algorithm, op by op ----------------------------------------------------------------------
+@pytest.mark.rule
 def test_downpour_places_the_parameters_on_the_ps_and_the_local_copies_on_the_worker():
     cluster, _ = in_process_cluster()
     with tf.Graph().as_default():
@@ -28,6 +27,7 @@ def test_downpour_places_the_parameters_on_the_ps_and_the_local_copies_on_the_wo
             assert v.device.startswith("/job:worker/task:0"), (v.name, v.device)
 
 
+@pytest.mark.rule
 def test_downpour_local_params_drift_from_the_ps_between_pushes_and_equal_it_after_a_pull():
     cluster, (worker,) = in_process_cluster()
     args = flags(downpour, "--window", "3")
@@ -47,6 +47,7 @@ def test_downpour_local_params_drift_from_the_ps_between_pushes_and_equal_it_aft
     assert_same(values(s, ops.local_params), after_push)
 
 
+@pytest.mark.rule
 def test_downpour_push_and_pull_leaves_the_local_copy_equal_to_the_ps_and_starts_afresh():
     # the training loop's one call per window: the push lands, then the pull reads what it left
     cluster, (worker,) = in_process_cluster()
@@ -64,6 +65,7 @@ def test_downpour_push_and_pull_leaves_the_local_copy_equal_to_the_ps_and_starts
             assert not a.any(), name  # the next window accumulates from zero
 
 
+@pytest.mark.rule
 def test_downpour_pushes_the_accumulated_gradient_through_adagrad_on_the_ps():
     cluster, (worker,) = in_process_cluster()
     args = flags(downpour, "--window", "4", "--learning_rate", "0.05", "--ps_learning_rate", "0.2")
@@ -85,6 +87,7 @@ def test_downpour_pushes_the_accumulated_gradient_through_adagrad_on_the_ps():
         assert not a.any(), "the accumulator restarts at zero after a push"
 
 
+@pytest.mark.rule
 def test_downpour_local_adagrad_scales_each_step_by_the_squared_gradients_so_far():
     cluster, (worker,) = in_process_cluster()
     args = flags(downpour, "--local_optimizer", "adagrad", "--learning_rate", "0.1")
@@ -97,6 +100,7 @@ def test_downpour_local_adagrad_scales_each_step_by_the_squared_gradients_so_far
                                    rtol=1e-5, atol=1e-6, err_msg=name)
 
 
+@pytest.mark.rule
 def test_downpour_every_local_step_uses_a_new_batch():
     # Example ids as the only feature: the batch a local step trained on is visible in x.
     ids = np.arange(400)
@@ -171,29 +175,7 @@ def test_downpour_workers_start_from_the_ps_values_through_the_session_barrier(t
 
 
 # --- End to end through run.sh --------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def default_run(tmp_path_factory):
-    """One run with the defaults (1 ps + 2 workers), shared by the tests that read it."""
-    return run_with_defaults("DOWNPOUR", tmp_path_factory)
-
-
-def test_downpour_chief_evaluates_the_global_parameters(default_run):
-    assert_the_chief_evaluated_what_it_checkpointed(default_run, "DOWNPOUR")
-
-
-def test_downpour_reaches_the_accuracy_bar_with_its_defaults(default_run):
-    assert_trained_to_the_bar(default_run, workers=2)
-
-
-def test_downpour_pushes_once_per_window_per_worker(default_run):
-    assert_one_push_per_window(default_run, window=5, steps=2000)
-
-
-def test_downpour_a_worker_killed_mid_run_does_not_hang_the_others(tmp_path):
-    assert_a_killed_worker_does_not_hang_the_others("DOWNPOUR", tmp_path, min_global_step=3000 // 5)
-
-
-def test_downpour_counts_the_pushes_of_others_between_a_pull_and_a_push(default_run):
+def test_downpour_counts_the_pushes_of_others_between_a_pull_and_a_push(default_runs):
     # with two workers, the other's pushes land in between; the mean is per push
-    staleness = float(default_run.summary()["mean_staleness"])
-    assert 0 < staleness < 2, default_run.summary()
+    summary = default_runs["DOWNPOUR"].summary()
+    assert 0 < float(summary["mean_staleness"]) < 2, summary

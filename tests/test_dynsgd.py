@@ -4,12 +4,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import (assert_a_killed_worker_does_not_hang_the_others, assert_one_push_per_window,
-                      assert_same, assert_the_chief_evaluated_what_it_checkpointed,
-                      assert_ticks_are_one_each, assert_trained_to_the_bar, fixed_batch, flags,
-                      in_process_cluster,
-                      in_threads, load_train_module, one_worker_session, run_with_defaults,
-                      values, worker_config, worker_sessions)
+from support.examples import load_train_module
+from support.in_process import (assert_same, assert_ticks_are_one_each, fixed_batch, flags,
+                                in_process_cluster, in_threads, one_worker_session, values,
+                                worker_config, worker_sessions)
 
 dynsgd = load_train_module("DynSGD")
 
@@ -23,6 +21,7 @@ def window(s, ops, steps=3):
 
 
 # --- The algorithm, op by op ----------------------------------------------------------------------
+@pytest.mark.rule
 def test_with_one_worker_a_push_is_never_stale_and_lands_whole():
     cluster, (worker,) = in_process_cluster()
     ops, s = one_worker_session(dynsgd.build_dynsgd, flags(dynsgd), cluster, worker)
@@ -39,6 +38,7 @@ def test_with_one_worker_a_push_is_never_stale_and_lands_whole():
     assert s.run(ops.staleness_sum) == 0 and list(s.run(ops.pulled_at)) == [2]
 
 
+@pytest.mark.rule
 def test_a_push_that_is_one_push_old_lands_at_half_its_size():
     # worker 0 and worker 1 pull at clock 0; worker 1 pushes (fresh: whole), then worker 0
     # pushes a change computed before that push (staleness 1: halved)
@@ -76,6 +76,7 @@ def mark_one_coordinate_of_w2(args, ops):
     return which, set_change, w2.assign(tf.zeros(w2.shape))
 
 
+@pytest.mark.rule
 def test_concurrent_pushes_are_each_scaled_by_the_staleness_they_really_had():
     # Three workers push at once, as fast as they can. Each push changes its own coordinate of
     # w2 by 1 and nothing else, so the ps's w2 (from zero) records the scale each push landed
@@ -143,6 +144,7 @@ def ops_holding_the_lock(graph):
     return held
 
 
+@pytest.mark.rule
 def test_while_a_worker_holds_the_lock_only_the_ps_works():
     # a traced push-and-pull: every op the lock guards ran on the ps, so the lock is never held
     # across a network hop (the change crosses before it is taken, the pulled values after)
@@ -166,6 +168,7 @@ def test_while_a_worker_holds_the_lock_only_the_ps_works():
     assert not from_the_worker, "read under the lock from the worker: %s" % from_the_worker
 
 
+@pytest.mark.rule
 def test_a_push_after_a_clock_restored_behind_the_pull_lands_whole_and_never_divides_by_0():
     # a chief restored from an older checkpoint can leave the clock behind the pull a worker
     # noted: staleness clock - pulled_at would be negative, and at -1 the scale 1 / 0
@@ -186,29 +189,7 @@ def test_a_push_after_a_clock_restored_behind_the_pull_lands_whole_and_never_div
 
 
 # --- End to end through run.sh --------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def default_run(tmp_path_factory):
-    """One run with the defaults (1 ps + 2 workers), shared by the tests that read it."""
-    return run_with_defaults("DynSGD", tmp_path_factory)
-
-
-def test_dynsgd_chief_evaluates_the_global_parameters(default_run):
-    assert_the_chief_evaluated_what_it_checkpointed(default_run, "DynSGD")
-
-
-def test_dynsgd_reaches_the_accuracy_bar_with_its_defaults(default_run):
-    assert_trained_to_the_bar(default_run, workers=2)
-
-
-def test_dynsgd_pushes_once_per_window_per_worker(default_run):
-    assert_one_push_per_window(default_run, window=5, steps=2000)
-
-
-def test_dynsgd_with_two_workers_a_push_is_about_one_push_old(default_run):
+def test_dynsgd_with_two_workers_a_push_is_about_one_push_old(default_runs):
     # two workers at the same pace: while one trains its window, the other pushes about once
-    staleness = float(default_run.summary()["mean_staleness"])
-    assert 0.3 < staleness < 2, default_run.summary()
-
-
-def test_dynsgd_a_worker_killed_mid_run_does_not_hang_the_others(tmp_path):
-    assert_a_killed_worker_does_not_hang_the_others("DynSGD", tmp_path, min_global_step=3000 // 5)
+    summary = default_runs["DynSGD"].summary()
+    assert 0.3 < float(summary["mean_staleness"]) < 2, summary

@@ -3,11 +3,10 @@ centre becomes (1 - beta) * centre + beta * mean of the workers."""
 import numpy as np
 import pytest
 
-from conftest import (all_at_once, assert_a_lost_worker_stops_the_rounds,
-                      assert_every_worker_in_every_round, assert_nothing_left, assert_same,
-                      assert_the_chief_evaluated_what_it_checkpointed, error_lines, finish, flags,
-                      load_train_module, run_train, run_with_defaults, sgd_step_reference,
-                      start_example, sync_workers, values)
+from support.checks import assert_every_worker_in_every_round
+from support.examples import error_lines, load_train_module, run_train
+from support.in_process import (all_at_once, assert_same, flags, sgd_step_reference, sync_workers,
+                                values)
 
 easgd = load_train_module("EASGD")
 
@@ -30,6 +29,7 @@ def two_workers_in_a_round(alpha, window=3):
 
 
 # --- The algorithm, op by op ----------------------------------------------------------------------
+@pytest.mark.rule
 def test_a_round_moves_the_centre_to_a_moving_average_of_the_workers():
     (centre, local), (centre_after, local_after), global_step = two_workers_in_a_round(0.3)
     beta = 2 * 0.3
@@ -63,6 +63,7 @@ def one_worker_exchange(alpha, window=3):
     return before, after, session.run(ops.global_step)
 
 
+@pytest.mark.rule
 @pytest.mark.parametrize("alpha", [0.3, 1.0, 0.0])
 def test_an_exchange_moves_local_and_centre_alpha_of_their_difference_towards_each_other(alpha):
     (centre, local), (centre_after, local_after), global_step = one_worker_exchange(alpha)
@@ -82,6 +83,7 @@ def test_an_exchange_moves_local_and_centre_alpha_of_their_difference_towards_ea
         assert_same(local_after, local)
 
 
+@pytest.mark.rule
 def test_a_local_step_is_sgd_and_after_a_round_its_gradient_is_taken_at_the_moved_copy():
     # the one step per window where the example departs from the paper, as its docstring says
     [ops], [session] = sync_workers(easgd.build_easgd, [
@@ -104,6 +106,7 @@ def test_an_alpha_that_would_carry_the_centre_past_the_mean_is_rejected():
                                    "past their mean (beta = 1.2 > 1): use at most 0.5"]
 
 
+@pytest.mark.rule
 @pytest.mark.parametrize("workers,alpha", [(2, 0.3), (4, 0.15)])
 def test_the_default_alpha_keeps_beta_at_0_6_for_any_number_of_workers(workers, alpha, monkeypatch):
     # the task itself is not started: main hands run_task the flags as they will train
@@ -124,22 +127,8 @@ def test_backup_workers_are_refused_in_one_line():
 
 
 # --- End to end through run.sh --------------------------------------------------------------------
-def test_easgd_reaches_the_bar_in_rounds_of_a_window_of_steps_of_every_worker(tmp_path_factory):
-    # 2000 mini-batches, 2 workers x a window of 8 a round
-    summary = assert_every_worker_in_every_round(run_with_defaults("EASGD", tmp_path_factory),
-                                                 rounds=125, steps_per_round=8)
-    assert summary["beta"] == "0.6" and summary["lost_workers"] == "0"
-
-
-def test_without_backup_workers_a_killed_worker_stops_the_rest_with_a_clear_error(tmp_path):
-    assert_a_lost_worker_stops_the_rounds("EASGD", tmp_path, "round")
-
-
-def test_the_chief_evaluates_the_centre_not_its_own_copy(tmp_path):
-    # alpha 0: the centre stays at the initial parameters while the workers train alone, so
-    # the centre's accuracy and a worker's are far apart
-    run = finish(start_example("EASGD", ["--log_dir", str(tmp_path / "logs"), "--alpha", "0",
-                                       "--steps", "320"]), timeout=180)
-    assert run.code == 0, run.output[-3000:]
-    assert assert_the_chief_evaluated_what_it_checkpointed(run, "EASGD") < 0.3, run.summary()
-    assert_nothing_left(str(tmp_path))
+def test_easgd_trains_in_rounds_of_a_window_of_steps_of_every_worker(default_runs):
+    # 2000 mini-batches, 2 workers x a window of 8 a round (the bar: test_examples_end_to_end.py)
+    summary = assert_every_worker_in_every_round(default_runs["EASGD"], rounds=125,
+                                                 steps_per_round=8)
+    assert summary["beta"] == "0.6"

@@ -9,10 +9,11 @@ import time
 import numpy as np
 import pytest
 
-from conftest import (ACCURACY_BAR, assert_a_killed_worker_does_not_hang_the_others,
-                      assert_nothing_left, error_lines, example_dir, finish,
-                      in_process_cluster, load_train_module, read_until, start_example,
-                      worker_config)
+from support.checks import assert_a_killed_worker_does_not_hang_the_others
+from support.examples import error_lines, example_dir, load_train_module
+from support.in_process import in_process_cluster, worker_config
+from support.processes import assert_nothing_left
+from support.runs import finish, read_until, start_example
 
 EXAMPLE = "Evolution-Strategies"
 OPTIMUM = np.array([1.0, -2.0, 0.5], np.float32)  # the quadratic fitness's known maximum
@@ -97,6 +98,7 @@ def noise_on(module, es, session, generation, j):
     return session.run(op)
 
 
+@pytest.mark.rule
 def test_the_noise_of_a_seed_is_the_same_bits_on_every_worker_and_so_is_theta():
     module, args, workers = es_workers(2)
     (es0, chief), (es1, other) = workers
@@ -135,6 +137,7 @@ def centred_ranks(values):
     return (ranks / (values.size - 1) - 0.5).reshape(values.shape)
 
 
+@pytest.mark.rule
 def test_one_update_moves_theta_by_exactly_the_formulas_amount():
     module, args, workers = es_workers(2)
     (es0, chief), (es1, other) = workers
@@ -264,19 +267,16 @@ def checksums(run):
             for _, line in run.lines if "theta checksum=" in line}
 
 
-def test_the_digits_reach_the_bar_with_identical_copies_and_every_process_exits(run_example):
-    run = run_example(EXAMPLE, timeout=240)
-    assert run.code == 0, run.output[-3000:]
+def test_the_digits_train_with_identical_copies_in_generations_of_both_workers(default_runs):
+    # the bar and every process's end: test_examples_end_to_end.py
+    run = default_runs[EXAMPLE]
     summary = run.summary()
-    assert float(summary["test_accuracy"]) >= ACCURACY_BAR, summary
     # --steps 2000 mini-batches, one per worker and generation: 1000 generations, all of them
     # with both workers' pairs
     assert summary["global_step"] == "1000" and summary["local_steps"] == "1000,1000", summary
-    assert summary["short_generations"] == "0" and summary["lost_workers"] == "0"
+    assert summary["short_generations"] == "0"
     sums = checksums(run)
     assert sorted(sums) == ["[worker0]", "[worker1]"] and len(set(sums.values())) == 1, sums
-    assert "[ps0] the run is over; shutting down" in run.output
-    assert "[run.sh] all processes finished" in run.output
     # under a minute of training on this machine: 2000 mini-batches at 34 a second or more
     assert float(summary["steps_per_sec"]) * 60 >= 2000, summary
 
@@ -311,7 +311,7 @@ def test_a_killed_worker_costs_one_bounded_wait_and_the_chief_trains_on(tmp_path
 
 
 def test_an_odd_population_or_a_zero_sigma_is_refused_in_one_line():
-    from conftest import error_lines, run_train
+    from support.examples import error_lines, run_train
     for flag, value in (("--population", "7"), ("--sigma", "0")):
         code, _, stderr = run_train(EXAMPLE, ["--job_name", "worker", flag, value, "--ps_hosts",
                                               "localhost:1", "--worker_hosts", "localhost:2"])
@@ -326,7 +326,8 @@ def test_an_odd_population_or_a_zero_sigma_is_refused_in_one_line():
 # ==================================================================================================
 def cluster_bytes(tmp_path, hidden, population, steps):
     """Total bytes every host sent in a run of --steps mini-batches (steps/2 generations)."""
-    from test_cluster import assert_run_left_nothing, start_tool, summary_of
+    from support.namespaces import assert_run_left_nothing, start_tool
+    from support.runs import summary_of
     tag = "h%d-p%d-s%d" % (hidden, population, steps)
     proc = start_tool([EXAMPLE, "--timeout", "300", "--log_dir", str(tmp_path / tag), "--",
                        "--steps", str(steps), "--hidden", str(hidden), "--population",
@@ -353,7 +354,7 @@ def bytes_per_generation(tmp_path, hidden, population):
 @pytest.mark.cluster     # the generation, and one run in the full suite read 0.55 of the other
 @pytest.mark.timeout(900)  # six runs
 def test_the_bytes_of_a_generation_do_not_grow_with_the_model(tmp_path):
-    from test_cluster import missing_for_namespaces
+    from support.namespaces import missing_for_namespaces
     if missing_for_namespaces():
         pytest.skip(missing_for_namespaces())
     default, _ = bytes_per_generation(tmp_path, 128, 50)

@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from conftest import ROOT, assert_nothing_left
+from support.examples import ROOT
+from support.processes import assert_nothing_left
 
 SCRIPT = os.path.join(ROOT, "benchmarks", "gpu_check.sh")
 HELPER = os.path.join(ROOT, "benchmarks", "gpu_check.py")

@@ -9,11 +9,11 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import (ACCURACY_BAR, ROOT, assert_a_lost_worker_stops_the_rounds,
-                      assert_nothing_left, error_lines, flags, gradient_reference,
-                      in_process_cluster, in_threads, load_train_module, run_train, values,
-                      worker_config, worker_sessions)
-from test_cluster import needs_namespaces
+from support.examples import ROOT, error_lines, load_train_module, run_train
+from support.in_process import (flags, gradient_reference, in_process_cluster, in_threads, values,
+                                worker_config, worker_sessions)
+from support.namespaces import needs_namespaces
+from support.processes import assert_nothing_left
 
 gc = load_train_module("Gradient-Compression")
 COMPRESSORS = sorted(gc.COMPRESSORS)
@@ -46,6 +46,7 @@ def some_tensor(shape=(6, 9), seed=0):
     return np.random.default_rng(seed).normal(size=shape).astype(np.float32)
 
 
+@pytest.mark.rule
 def test_no_compression_and_fp16_send_the_tensor_in_4_and_2_bytes_an_entry():
     x = some_tensor()
     assert np.array_equal(Codec("none", x)(), x) and Codec("none", x).bytes == 4 * x.size
@@ -54,6 +55,7 @@ def test_no_compression_and_fp16_send_the_tensor_in_4_and_2_bytes_an_entry():
     assert half.bytes == 2 * x.size
 
 
+@pytest.mark.rule
 def test_top_k_keeps_exactly_the_k_largest_magnitudes_in_8_bytes_each():
     x = some_tensor()  # 54 entries; ratio 0.1: k = 5
     codec = Codec("topk", x, "--ratio", "0.1")
@@ -65,6 +67,7 @@ def test_top_k_keeps_exactly_the_k_largest_magnitudes_in_8_bytes_each():
     assert codec.bytes == 8 * 5
 
 
+@pytest.mark.rule
 def test_random_k_sends_k_values_at_coordinates_every_task_draws_alike_times_d_over_k():
     x = some_tensor()
     codec = Codec("randk", x, "--ratio", "0.1")
@@ -76,6 +79,7 @@ def test_random_k_sends_k_values_at_coordinates_every_task_draws_alike_times_d_o
     assert not np.array_equal(codec((3, 5)), decoded)  # the next step draws others
 
 
+@pytest.mark.rule
 def test_random_k_is_unbiased():
     x, draws = some_tensor(), 3000
     mean = Codec("randk", x, "--ratio", "0.2").mean_over_seeds(draws)  # d/k = 54/11
@@ -84,6 +88,7 @@ def test_random_k_is_unbiased():
     assert np.all(np.abs(mean - x) <= 5 * spread + 1e-6), np.max(np.abs(mean - x) / spread)
 
 
+@pytest.mark.rule
 def test_qsgd_sends_int8_levels_of_the_norm_and_rounds_to_a_neighbouring_level():
     x = some_tensor()
     codec = Codec("qsgd", x, "--levels", "4")
@@ -97,6 +102,7 @@ def test_qsgd_sends_int8_levels_of_the_norm_and_rounds_to_a_neighbouring_level()
     assert np.all(np.sign(decoded) * np.sign(x) >= 0)
 
 
+@pytest.mark.rule
 def test_qsgd_is_unbiased():
     x, draws = some_tensor(), 3000
     mean = Codec("qsgd", x, "--levels", "4").mean_over_seeds(draws)
@@ -106,6 +112,7 @@ def test_qsgd_is_unbiased():
     assert np.all(np.abs(mean - x) <= 5 * spread), np.max(np.abs(mean - x)) / spread
 
 
+@pytest.mark.rule
 def test_sign_packs_8_signs_a_byte_and_scales_them_by_the_mean_magnitude():
     x = some_tensor((5, 3))  # 15 entries: the last byte is half padding
     x[0, 0] = 0.0  # sign(0) is sent as +
@@ -117,6 +124,7 @@ def test_sign_packs_8_signs_a_byte_and_scales_them_by_the_mean_magnitude():
                                rtol=1e-6)
 
 
+@pytest.mark.rule
 def test_the_bytes_of_each_compressor_match_its_message():
     # the MLP of these tests: 5 features, --hidden 8, 10 classes; d = 40 + 8 + 80 + 10
     shapes = {"w1": (5, 8), "b1": (8,), "w2": (8, 10), "b2": (10,)}
@@ -132,6 +140,7 @@ def test_the_bytes_of_each_compressor_match_its_message():
         assert (ops.push_bytes, ops.pull_bytes) == (expected[name], expected[name]), name
 
 
+@pytest.mark.rule
 def test_powersgd_is_exact_on_a_matrix_of_rank_r():
     import tensorflow as tf
     rng = np.random.default_rng(1)
@@ -180,6 +189,7 @@ def one_step(workers, fetch):
     return [results[k] for k in range(len(workers))]
 
 
+@pytest.mark.rule
 def test_with_no_compression_a_step_is_sync_sgd_n_times_the_rate_times_the_mean_gradient():
     workers = worker_sessions(gc, build, 2, "--compressor", "none", "--learning_rate", "0.1")
     ops, session, _ = workers[0]
@@ -201,6 +211,7 @@ def assert_sums_to(parts, whole, err_msg=""):
                                    err_msg=err_msg + name)
 
 
+@pytest.mark.rule
 @pytest.mark.parametrize("compressor", ["topk", "sign", "powersgd", "fp16"])
 def test_error_feedback_keeps_what_each_message_missed_to_float_precision(compressor):
     # p = lr_eff g + e;  C(p) + e_new = p;  on the ps: mean C(p_k) + e_ps = decode(r) + e_ps_new
@@ -228,6 +239,7 @@ def test_error_feedback_keeps_what_each_message_missed_to_float_precision(compre
             assert_sums_to([fetched[0]["update"], ps_after], total, "the ps, step %d " % step)
 
 
+@pytest.mark.rule
 @pytest.mark.parametrize("argv", [["--compressor", "randk"], ["--compressor", "qsgd"],
                                   ["--compressor", "topk", "--no-error_feedback"]])
 def test_unbiased_compressors_and_no_error_feedback_keep_no_residual(argv):
@@ -238,6 +250,7 @@ def test_unbiased_compressors_and_no_error_feedback_keep_no_residual(argv):
         assert all(np.abs(e).max() == 0 for e in values(session, ops.residuals).values())
 
 
+@pytest.mark.rule
 @pytest.mark.parametrize("compressor", COMPRESSORS)
 def test_every_copy_takes_the_same_step_and_a_resync_repairs_a_copy_that_drifted(compressor):
     workers = worker_sessions(gc, build, 2, "--compressor", compressor, "--ratio", "0.1",
@@ -261,21 +274,14 @@ def test_every_copy_takes_the_same_step_and_a_resync_repairs_a_copy_that_drifted
 
 
 # --- End to end through run.sh --------------------------------------------------------------------
-def test_the_default_run_reaches_the_bar_pushing_and_pulling_top_k_messages(run_example):
-    run = run_example("Gradient-Compression", timeout=240)
-    assert run.code == 0, run.output[-3000:]
-    summary = run.summary()
-    assert float(summary["test_accuracy"]) >= ACCURACY_BAR, summary
+def test_the_default_run_pushes_and_pulls_top_k_messages(default_runs):
+    # the bar and every process's end: test_examples_end_to_end.py
+    summary = default_runs["Gradient-Compression"].summary()
     assert summary["compressor"] == "topk" and summary["error_feedback"] == "True"
     assert int(summary["global_step"]) == 1000 and summary["local_steps"] == "1000,1000"
     # top-k at 1%: 8 bytes for each of 1% of the entries, 50 times less than dense fp32
     assert int(summary["dense_bytes"]) >= 45 * int(summary["push_bytes"])
     assert summary["pull_bytes"] == summary["push_bytes"]
-    assert "[run.sh] all processes finished" in run.output
-
-
-def test_without_a_worker_the_steps_stop_with_a_clear_error(tmp_path):
-    assert_a_lost_worker_stops_the_rounds("Gradient-Compression", tmp_path, "synchronous step")
 
 
 @pytest.mark.parametrize("argv,message", [

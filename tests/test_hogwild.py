@@ -6,15 +6,15 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import (ACCURACY_BAR, assert_a_killed_worker_does_not_hang_the_others,
-                      assert_nothing_left, assert_the_chief_evaluated_what_it_checkpointed,
-                      assert_ticks_are_one_each, assert_trained_to_the_bar, finish, fixed_batch,
-                      flags, in_process_cluster, in_threads, load_train_module,
-                      one_worker_session, run_with_defaults, sgd_step_reference, start_example,
-                      values, worker_config, worker_sessions)
+from support.checks import assert_a_killed_worker_does_not_hang_the_others
+from support.examples import ACCURACY_BAR, load_train_module
+from support.in_process import (assert_ticks_are_one_each, fixed_batch, flags, in_process_cluster,
+                                in_threads, one_worker_session, sgd_step_reference, values,
+                                worker_config, worker_sessions)
+from support.processes import assert_nothing_left
+from support.runs import finish, start_example
 
 hogwild = load_train_module("Hogwild")
-
 
 
 def worker_graph(cluster, task_index):
@@ -30,6 +30,7 @@ def worker_graph(cluster, task_index):
     return graph, ops, new_w1, write_w1, init
 
 
+@pytest.mark.rule
 def test_hogwild_parameters_are_shared_on_the_ps_a_write_through_one_worker_is_read_by_another():
     cluster, workers = in_process_cluster(2)
     graph0, ops0, new_w1, write_w1, init = worker_graph(cluster, 0)
@@ -56,6 +57,7 @@ def test_hogwild_parameters_are_shared_on_the_ps_a_write_through_one_worker_is_r
         assert s1.run(ops1.global_step) == 2
 
 
+@pytest.mark.rule
 def test_a_step_subtracts_the_learning_rate_times_the_gradient_on_the_ps():
     cluster, (worker,) = in_process_cluster()
     ops, s = one_worker_session(hogwild.build_hogwild, flags(hogwild, "--learning_rate", "0.1"),
@@ -68,6 +70,7 @@ def test_a_step_subtracts_the_learning_rate_times_the_gradient_on_the_ps():
         np.testing.assert_allclose(value, expected[name], rtol=1e-5, atol=1e-6, err_msg=name)
 
 
+@pytest.mark.rule
 def test_concurrent_steps_each_tick_the_clock_once_and_count_only_what_they_did_not_read():
     # Three workers step at once. Each step's value is its own tick of the clock (1, 2, ... in
     # some order, none read twice), and the clock it pulled at was read after its own previous
@@ -98,6 +101,7 @@ def test_concurrent_steps_each_tick_the_clock_once_and_count_only_what_they_did_
     assert total > 0, "the workers never overlapped: nothing stale was checked"
 
 
+@pytest.mark.rule
 def test_the_clock_ticks_once_per_update_under_contention():
     # tick, the shared helper every asynchronous example counts its updates with: four workers
     # tick as fast as they can, nothing else in between; each tick's value is its own
@@ -119,6 +123,7 @@ def test_the_clock_ticks_once_per_update_under_contention():
     assert_ticks_are_one_each(seen, count * ticks)
 
 
+@pytest.mark.rule
 def test_a_step_reads_the_clock_before_the_parameters():
     # so that every update the clock counted at the pull is in the parameters the step read
     cluster, _ = in_process_cluster()
@@ -139,22 +144,8 @@ def test_a_step_reads_the_clock_before_the_parameters():
             assert ops.pulled_at.op in r.control_inputs, r.name
 
 
-@pytest.fixture(scope="module")
-def default_run(tmp_path_factory):
-    """One run with the defaults (1 ps + 2 workers), shared by the tests that read it."""
-    return run_with_defaults("Hogwild", tmp_path_factory)
-
-
-def test_hogwild_chief_evaluates_the_global_parameters(default_run):
-    assert_the_chief_evaluated_what_it_checkpointed(default_run, "Hogwild")
-
-
-def test_hogwild_reaches_the_accuracy_bar_with_its_defaults(default_run):
-    assert_trained_to_the_bar(default_run, workers=2)
-
-
-def test_hogwild_final_global_step_is_the_sum_of_the_workers_local_steps(default_run):
-    summary = default_run.summary()
+def test_hogwild_final_global_step_is_the_sum_of_the_workers_local_steps(default_runs):
+    summary = default_runs["Hogwild"].summary()
     local_steps = [int(s) for s in summary["local_steps"].split(",")]
     assert len(local_steps) == 2 and all(s > 0.2 * sum(local_steps) for s in local_steps)
     assert int(summary["global_step"]) == sum(local_steps)
@@ -169,9 +160,9 @@ def test_hogwild_a_worker_killed_mid_run_does_not_hang_the_others(tmp_path):
     assert float(summary["test_accuracy"]) >= ACCURACY_BAR  # the chief trained on alone
 
 
-def test_hogwild_staleness_is_zero_with_one_worker_and_positive_with_two(default_run, tmp_path):
+def test_hogwild_staleness_is_zero_with_one_worker_and_positive_with_two(default_runs, tmp_path):
     # with two workers, updates of the other land between a step's pull and its push
-    assert float(default_run.summary()["mean_staleness"]) > 0.1
+    assert float(default_runs["Hogwild"].summary()["mean_staleness"]) > 0.1
     alone = finish(start_example("Hogwild", ["--log_dir", str(tmp_path / "logs"), "--steps",
                                              "300"], env={"NUM_WORKERS": "1"}), timeout=120)
     assert alone.code == 0, alone.output[-3000:]

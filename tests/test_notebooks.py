@@ -18,7 +18,7 @@ import pytest
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
-from conftest import free_ports
+from support.processes import free_ports
 
 TUTORIAL = Path(__file__).resolve().parent.parent / "Basics-Tutorial"
 SINGLE_NOTEBOOKS = [
@@ -34,6 +34,9 @@ ALL_NOTEBOOKS = SINGLE_NOTEBOOKS + [MULTIPLE_WORKERS_DIR + name for name in MULT
 CELL_TIMEOUT = 120  # seconds one cell may take
 PEER_WAIT_SECONDS = 60  # how long a 4-Multiple-Workers notebook waits for the others
 CLEANUP_SECONDS = 15  # how long a kernel may take to disappear after its notebook ended
+# one process runs them all (pytest-xdist): the cluster's notebooks share a module-scoped run,
+# and the last test checks that no kernel this process started is left
+pytestmark = pytest.mark.xdist_group("notebooks")
 
 
 # --- Helpers ---

@@ -16,8 +16,9 @@ import subprocess
 import numpy as np
 import pytest
 
-from conftest import (assert_nothing_left, error_lines, example_dir, finish, interruptible,
-                      run_train_noting_tensorflow)
+from support.examples import error_lines, example_dir, run_train_noting_tensorflow
+from support.processes import assert_nothing_left, interruptible
+from support.runs import finish
 
 BANNER = "# Plumbing shared by every example"
 DATA_BLOCK = re.compile(r"^# >>> shared: data\n.*?^# <<< shared: data\n", re.S | re.M)
@@ -208,7 +209,7 @@ def test_a_copied_folder_trains_on_its_own_data_and_model_with_the_plumbing_unch
 
 # --- --data_path --------------------------------------------------------------------------------
 def load(example, path):
-    from conftest import load_train_module
+    from support.examples import load_train_module
     return load_train_module(example).load_dataset(str(path))
 
 

@@ -6,14 +6,17 @@ import signal
 import time
 
 import numpy as np
+import pytest
 
-from conftest import (ACCURACY_BAR, assert_nothing_left, assert_one_sgd_step_of, error_lines,
-                      finish, free_ports, one_strategy_step, read_until, run_train,
-                      run_train_noting_tensorflow, start_example)
+from support.examples import ACCURACY_BAR, error_lines, run_train, run_train_noting_tensorflow
+from support.processes import assert_nothing_left, free_ports
+from support.runs import finish, read_until, start_example
+from support.strategies import assert_one_sgd_step_of, one_strategy_step
 
 EXAMPLE = "ParameterServerStrategy"
 
 
+@pytest.mark.rule
 def test_a_scheduled_step_moves_the_parameters_by_the_learning_rate_times_the_gradient():
     # one worker, one call of one step, a mini-batch that is the worker's whole shard
     ports = ",".join(map(str, free_ports(3)))
@@ -21,6 +24,7 @@ def test_a_scheduled_step_moves_the_parameters_by_the_learning_rate_times_the_gr
     assert_one_sgd_step_of(step, EXAMPLE, learning_rate=0.1)
 
 
+@pytest.mark.rule
 def test_each_worker_reads_its_own_shard_and_no_example_is_read_by_both():
     # two workers, a mini-batch the size of a shard: whichever worker a call lands on, it
     # reads its whole shard, reshuffled; the two shards share no example and cover them all
@@ -39,18 +43,12 @@ def test_each_worker_reads_its_own_shard_and_no_example_is_read_by_both():
     assert read[0] | read[1] == set(range(len(scaled)))
 
 
-def test_the_coordinator_trains_to_the_bar_and_every_process_ends_by_itself(run_example):
-    run = run_example(EXAMPLE, timeout=240)
-    assert run.code == 0, run.output[-3000:]
-    summary = run.summary()
-    assert float(summary["test_accuracy"]) >= ACCURACY_BAR
-    assert summary["global_step"] == "2000" and summary["lost_workers"] == "0"
+def test_the_coordinator_schedules_every_step_on_one_of_the_two_workers(default_runs):
+    # the bar, and every process ending by itself: test_examples_end_to_end.py
+    summary = default_runs[EXAMPLE].summary()
+    assert summary["global_step"] == "2000"
     local_steps = [int(s) for s in summary["local_steps"].split(",")]
     assert len(local_steps) == 2 and sum(local_steps) == 2000 and min(local_steps) > 0
-    for role in ("ps0", "worker0", "worker1"):  # nobody had to be killed
-        assert any(l.startswith("[%s] localhost:" % role) and l.endswith(
-            "is gone; shutting down") for l in run.output.splitlines()), role
-    assert "[run.sh] all processes finished" in run.output
 
 
 def test_with_two_ps_the_large_variable_is_split_over_both(run_example):

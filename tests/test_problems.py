@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import ROOT
+from support.examples import ROOT
 
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 import mnist1d_mlp  # noqa: E402  (benchmarks/ is not a package)

@@ -4,12 +4,12 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
-from conftest import (ACCURACY_BAR, all_at_once, assert_a_backup_worker_covers_a_lost_one,
-                      assert_a_lost_worker_stops_the_rounds, assert_nothing_left,
-                      assert_the_chief_evaluated_what_it_checkpointed, error_lines, example_dir,
-                      flags, free_ports, gradient_reference, load_train_module, run_train,
-                      sync_workers, values)
+from support.examples import ACCURACY_BAR, error_lines, example_dir, load_train_module, run_train
+from support.in_process import all_at_once, flags, gradient_reference, sync_workers, values
+from support.processes import assert_nothing_left, free_ports
+from support.runs import kill_mid_run
 
 sync_sgd = load_train_module("Sync-SGD")
 
@@ -29,6 +29,7 @@ def dropped_gradients(summary):
     return pushed - int(summary["updates"]) * int(summary["replicas_to_aggregate"])
 
 
+@pytest.mark.rule
 def test_a_step_applies_n_times_the_learning_rate_times_the_mean_gradient():
     # two workers, each its own fixed batch, one synchronous step: the linear scaling rule,
     # global_params - (N * learning_rate) * (g_0 + g_1) / N, with N = 2
@@ -45,18 +46,15 @@ def test_a_step_applies_n_times_the_learning_rate_times_the_mean_gradient():
                                    err_msg=name)
 
 
-def test_sync_sgd_reaches_the_bar_with_every_worker_in_every_step_and_exits_promptly(
-        run_example):
-    run = run_example("Sync-SGD", timeout=240)
-    assert run.code == 0, run.output[-3000:]
+def test_sync_sgd_has_every_worker_in_every_step_and_exits_promptly(default_runs):
+    # the bar, and the chief's evaluation of what it checkpointed: test_examples_end_to_end.py
+    run = default_runs["Sync-SGD"]
     summary = run.summary()
-    assert float(summary["test_accuracy"]) >= ACCURACY_BAR
     global_step = int(summary["global_step"])
     assert global_step == 1000  # --steps 2000 mini-batches, two per synchronous step
     for steps in local_steps(summary):  # each worker pushed one gradient in every step
         assert abs(steps - global_step) <= 1, summary
     assert dropped_gradients(summary) == 0
-    assert_the_chief_evaluated_what_it_checkpointed(run, "Sync-SGD")
     # all processes are gone within seconds of the last step, not after a 2-minute grace
     last_step = max(run.first_time("[worker1] done"), run.first_time("[worker0] summary"))
     assert run.first_time("[run.sh] all processes finished") - last_step < 15
@@ -109,12 +107,15 @@ def test_with_a_backup_worker_the_step_time_follows_the_fast_workers(run_example
 
 
 def test_with_a_backup_worker_a_killed_worker_does_not_stop_training(tmp_path):
-    assert_a_backup_worker_covers_a_lost_one("Sync-SGD", tmp_path, global_step=1000)
-
-
-def test_without_backup_workers_a_killed_worker_stops_the_rest_with_a_clear_error(tmp_path):
-    assert_a_lost_worker_stops_the_rounds("Sync-SGD", tmp_path, "synchronous step",
-                                          steps="100000")
+    # 3 workers and --backup_workers 1: SIGKILL worker2; training completes and reaches the
+    # bar, the chief reports it lost, run.sh exits 1 naming it
+    run = kill_mid_run("Sync-SGD", tmp_path, ["--steps", "2000", "--backup_workers", "1"],
+                       victim="worker2", env={"NUM_WORKERS": "3"})
+    summary = run.summary()  # training completed and reported its accuracy
+    assert summary["global_step"] == "1000" and summary["lost_workers"] == "1"
+    assert float(summary["test_accuracy"]) >= ACCURACY_BAR
+    assert run.code == 1 and "worker2 (exit 137)" in run.output
+    assert_nothing_left(str(tmp_path))
 
 
 def test_more_backup_workers_than_workers_allow_is_rejected():

@@ -1,7 +1,7 @@
 """Copy the shared text from its reference file into every train.py (a maintainer's tool; the
 tests only check that the copies are equal).
 
-    python tests/sync_shared.py          # after editing a shared block in its reference file
+    python tools/sync_shared.py          # after editing a shared block in its reference file
 
 The reference of the appendix (from the plumbing banner to the end) is, by the jobs a train.py
 declares in JOBS: Distributed-Setup for ("ps", "worker"), ParameterServerStrategy for the other

@@ -1,38 +1,31 @@
-"""One update of a TensorFlow 2 strategy example on a tiny known dataset, for the tests.
+"""One update of a TensorFlow 2 strategy example on a tiny known dataset, for the tests. Run from
+tests/ as a module of the support package (cd tests && python -m support.strategy_step ...):
 
-    python strategy_step.py ParameterServerStrategy OUT.npz
+    support.strategy_step ParameterServerStrategy OUT.npz PS,WORKER,CHIEF
         a ps, a worker and the coordinator in this process (real gRPC servers); one scheduled
         call of one step on the worker's whole shard
-    python strategy_step.py ParameterServerStrategy-two-workers OUT.npz PS,WORKER0,WORKER1,CHIEF
+    support.strategy_step ParameterServerStrategy-two-workers OUT.npz PS,WORKER0,WORKER1,CHIEF
         a ps, two workers and the coordinator in this process; 16 scheduled calls that each
         read one mini-batch (the worker's whole shard) and say which worker read it
-    python strategy_step.py Sparse-Embeddings-TF2 OUT.npz PS0,PS1,WORKER,CHIEF [dense]
+    support.strategy_step Sparse-Embeddings-TF2 OUT.npz PS0,PS1,WORKER,CHIEF [dense]
         2 ps, a worker and the coordinator in this process; one call of one step on a table
         of 2 slices; dense: with a model that reads the embeddings whole (the error it gives)
-    python strategy_step.py MultiWorkerMirroredStrategy OUT.npz TASK_INDEX PORT0,PORT1
+    support.strategy_step MultiWorkerMirroredStrategy OUT.npz TASK_INDEX PORT0,PORT1
         one of two workers (start both): one synchronous step, each on its whole shard
 
 Writes the parameters before and after the update, and the dataset, to OUT.npz (the test
 computes what the update should have been, apart from the example). pytest does not collect
-this file; test_parameter_server_strategy.py and test_multi_worker_mirrored_strategy.py run it.
+this file; support/strategies.py runs it.
 """
-import importlib.util
 import json
 import os
 import sys
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from support.examples import load_train_module
+
 EXAMPLES_PER_WORKER, FEATURES, HIDDEN, LEARNING_RATE = 16, 5, 8, 0.1
-
-
-def load(example):
-    spec = importlib.util.spec_from_file_location("train", os.path.join(ROOT, example,
-                                                                        "train.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def known_data(module, workers):
@@ -57,7 +50,7 @@ def save(path, data, before, after):
 def servers_in_this_process(ps, workers):
     """A ParameterServerStrategy cluster on the ports of argv[3] (the ps, then the workers, then
     the chief): its ps and worker servers started in this process, which is its chief. Returns
-    the cluster and TensorFlow."""
+    the cluster and TensorFlow, loaded once TF_CONFIG is set (the examples load after it too)."""
     ports = ["localhost:%d" % int(p) for p in sys.argv[3].split(",")]
     cluster = {"ps": ports[:ps], "worker": ports[ps:ps + workers], "chief": [ports[ps + workers]]}
     os.environ["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": {"type": "chief",
@@ -74,8 +67,7 @@ def servers_in_this_process(ps, workers):
 
 def parameter_server_strategy(out):
     cluster, tf = servers_in_this_process(ps=1, workers=1)
-    module = load("ParameterServerStrategy")
-    module.tf = tf
+    module = load_train_module("ParameterServerStrategy")
     args = module.parse_flags(["--hidden", str(HIDDEN), "--learning_rate", str(LEARNING_RATE),
                                "--batch_size", str(EXAMPLES_PER_WORKER), "--steps_per_call", "1",
                                "--ps_hosts", cluster["ps"][0], "--worker_hosts",
@@ -91,8 +83,7 @@ def parameter_server_strategy(out):
 
 def parameter_server_strategy_two_workers(out):
     cluster, tf = servers_in_this_process(ps=1, workers=2)
-    module = load("ParameterServerStrategy")
-    module.tf = tf
+    module = load_train_module("ParameterServerStrategy")
     args = module.parse_flags(["--hidden", str(HIDDEN), "--batch_size", str(EXAMPLES_PER_WORKER),
                                "--ps_hosts", cluster["ps"][0], "--worker_hosts",
                                ",".join(cluster["worker"]), "--chief_host", cluster["chief"][0]],
@@ -114,8 +105,7 @@ def parameter_server_strategy_two_workers(out):
 
 def sparse_embeddings_tf2(out):
     cluster, tf = servers_in_this_process(ps=2, workers=1)
-    module = load("Sparse-Embeddings-TF2")
-    module.tf = tf
+    module = load_train_module("Sparse-Embeddings-TF2")
     # 40000 x 4 floats: 640 kB, two slices of the partitioner's 256 kB at least
     args = module.parse_flags(["--rows", "40000", "--dim", "4", "--batch_size", "8",
                                "--steps_per_call", "1", "--learning_rate", "1",
@@ -153,8 +143,7 @@ def multi_worker_mirrored_strategy(out):
     os.environ["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": {"type": "worker",
                                                                       "index": task}})
     import tensorflow as tf
-    module = load("MultiWorkerMirroredStrategy")
-    module.tf = tf
+    module = load_train_module("MultiWorkerMirroredStrategy")
     args = module.parse_flags(["--hidden", str(HIDDEN), "--learning_rate", str(LEARNING_RATE),
                                "--batch_size", str(EXAMPLES_PER_WORKER), "--worker_hosts",
                                ",".join(cluster["worker"]), "--task_index", str(task)],
