@@ -912,6 +912,7 @@ class Worker(object):
         self.start_time, self.last_checkpoint = time.time(), 0  # the first evaluation saves
         self.progress_steps, self.progress_time = 0, self.start_time  # at the last progress line
         print("[%s] training started" % self.role, flush=True)
+        self.watching = True
         threading.Thread(target=self.watch, daemon=True).start()
         return session
 
@@ -969,10 +970,11 @@ class Worker(object):
     def watch(self):
         """The watchdog: a step that never returns (a peer's restart can leave one waiting
         forever) cannot be interrupted, so a worker that has completed no step for --watchdog
-        seconds says so and ends its process, and its restart policy starts it again."""
-        while True:
+        seconds says so and ends its process, and its restart policy starts it again. It
+        watches until the session is closed (RecoveringSession.close)."""
+        while self.watching:
             time.sleep(1)
-            if time.time() > self.last_step + self.args.watchdog:
+            if self.watching and time.time() > self.last_step + self.args.watchdog:
                 print("error: %s completed no step for %g s (--watchdog): exiting, so that it "
                       "can be restarted" % (self.role, self.args.watchdog), file=sys.stderr,
                       flush=True)
@@ -1104,7 +1106,8 @@ class RecoveringSession(object):
 
     def close(self):
         """At the end: the session, and a while for the ones closing aside (a process that
-        exits while a thread is inside TensorFlow aborts)."""
+        exits while a thread is inside TensorFlow aborts). The watchdog stops watching."""
+        self.worker.watching = False
         if self.session is not None:
             self.session.close()
         for thread in self.closing:
