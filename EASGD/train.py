@@ -130,8 +130,8 @@ def model_metrics(params, x, y):
 
 
 # --- The algorithm --------------------------------------------------------------------------------
-Easgd = collections.namedtuple("Easgd", "centre local_params global_step local_step exchange hook "
-                               "release_workers replicas_to_aggregate")
+Easgd = collections.namedtuple("Easgd", "centre local_params global_step local_step exchange "
+                               "optimizer release_workers replicas_to_aggregate")
 
 
 def build_easgd(args, cluster, x, y):
@@ -159,9 +159,7 @@ def build_easgd(args, cluster, x, y):
                 sent = [tf.identity(-d) for d in differences]
         exchange = sync.apply_gradients(list(zip(sent, centre.values())), global_step=global_step)
         release_workers = sync.get_init_tokens_op(workers) if args.task_index == 0 else None
-    hook = sync.make_session_run_hook(is_chief=args.task_index == 0, num_tokens=0)
-    hook.begin()  # builds the chief's aggregation; num_tokens=0: no worker runs a round ahead
-    return Easgd(centre, local_params, global_step, local_step, exchange, hook, release_workers, n)
+    return Easgd(centre, local_params, global_step, local_step, exchange, sync, release_workers, n)
 
 
 # >>> shared: worker variables
@@ -187,6 +185,33 @@ def sync_round(session, fetches, args, name):
 # <<< shared: sync replicas
 
 
+# >>> shared: sync replicas start
+def start_sync_replicas(session, optimizer, is_chief):
+    """Set a new session up for a SyncReplicasOptimizer, as its session hook would: this worker's
+    local step and, on the chief, the thread that applies each aggregated step and hands out its
+    tokens. No tokens at the start (the hook's num_tokens=0): no worker may start before the
+    first step is aggregated, so the chief cannot race ahead alone while the others start.
+    Worker.start calls this on every new session, again after a restart. Unlike the hook's queue
+    runner, the thread never closes the token queue when it stops: after a ps restart, that close
+    (a new graph on the lost session) would reach the new ps's queue by its name and end every
+    worker's run with an OutOfRangeError. The lost session's thread ends with its session."""
+    session.run(optimizer.chief_init_op if is_chief else optimizer.local_step_init_op)
+    if is_chief:
+        apply_steps = optimizer.get_chief_queue_runner().enqueue_ops[0]  # waits for N gradients
+        threading.Thread(target=run_until_it_fails, args=(session, apply_steps),
+                         daemon=True).start()
+
+
+def run_until_it_fails(session, op):
+    """Run op again and again, until its session is closed or loses a task."""
+    try:
+        while True:
+            session.run(op)
+    except tf.errors.OpError:
+        pass
+# <<< shared: sync replicas start
+
+
 # --- The training loop ----------------------------------------------------------------------------
 def train(args, cluster, server, data):
     x, y = training_batches(data, args.batch_size, args.task_index, len(cluster["worker"]),
@@ -196,8 +221,8 @@ def train(args, cluster, server, data):
     worker = Worker(args, cluster, lambda x, y: model_metrics(easgd.centre, x, y),
                     (data.x_test, data.y_test), steps_per_update=args.window)
     session = worker.start(server, wait_for_everyone=True,  # every round needs every worker
-                           each_session=lambda s: easgd.hook.after_create_session(
-                               s, tf.compat.v1.train.Coordinator()))  # again after a restart
+                           each_session=lambda s: start_sync_replicas(
+                               s, easgd.optimizer, worker.is_chief))  # again after a restart
     while worker.step < math.ceil(args.steps / (n * args.window)):  # the global step counts rounds
         for _ in range(args.window):  # on this worker alone: no network traffic
             loss = session.run(easgd.local_step)

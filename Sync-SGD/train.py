@@ -132,7 +132,7 @@ def model_metrics(params, x, y):
 
 # --- The algorithm --------------------------------------------------------------------------------
 SyncSGD = collections.namedtuple("SyncSGD", "global_params global_step loss train_op "
-                                 "replicas_to_aggregate hook release_workers")
+                                 "replicas_to_aggregate optimizer release_workers")
 
 
 def build_sync_sgd(args, cluster, x, y):
@@ -152,11 +152,7 @@ def build_sync_sgd(args, cluster, x, y):
         # At the end a worker may wait for a step that will never be aggregated: the chief hands
         # every worker one more token, so that it wakes up, sees the last step, and stops.
         release_workers = sync.get_init_tokens_op(workers) if args.task_index == 0 else None
-    # num_tokens=0: no worker may start before the first step is aggregated, so the chief cannot
-    # race ahead alone while the others are still starting (the default gives it N tokens).
-    hook = sync.make_session_run_hook(is_chief=args.task_index == 0, num_tokens=0)
-    hook.begin()  # builds the chief's aggregation and the tokens: run by after_create_session
-    return SyncSGD(global_params, global_step, loss, train_op, replicas_to_aggregate, hook,
+    return SyncSGD(global_params, global_step, loss, train_op, replicas_to_aggregate, sync,
                    release_workers)
 
 
@@ -173,6 +169,33 @@ def sync_round(session, fetches, args, name):
 # <<< shared: sync replicas
 
 
+# >>> shared: sync replicas start
+def start_sync_replicas(session, optimizer, is_chief):
+    """Set a new session up for a SyncReplicasOptimizer, as its session hook would: this worker's
+    local step and, on the chief, the thread that applies each aggregated step and hands out its
+    tokens. No tokens at the start (the hook's num_tokens=0): no worker may start before the
+    first step is aggregated, so the chief cannot race ahead alone while the others start.
+    Worker.start calls this on every new session, again after a restart. Unlike the hook's queue
+    runner, the thread never closes the token queue when it stops: after a ps restart, that close
+    (a new graph on the lost session) would reach the new ps's queue by its name and end every
+    worker's run with an OutOfRangeError. The lost session's thread ends with its session."""
+    session.run(optimizer.chief_init_op if is_chief else optimizer.local_step_init_op)
+    if is_chief:
+        apply_steps = optimizer.get_chief_queue_runner().enqueue_ops[0]  # waits for N gradients
+        threading.Thread(target=run_until_it_fails, args=(session, apply_steps),
+                         daemon=True).start()
+
+
+def run_until_it_fails(session, op):
+    """Run op again and again, until its session is closed or loses a task."""
+    try:
+        while True:
+            session.run(op)
+    except tf.errors.OpError:
+        pass
+# <<< shared: sync replicas start
+
+
 # --- The training loop ----------------------------------------------------------------------------
 def train(args, cluster, server, data):
     x, y = training_batches(data, args.batch_size, args.task_index, len(cluster["worker"]),
@@ -183,8 +206,8 @@ def train(args, cluster, server, data):
                     (data.x_test, data.y_test))
     straggling = args.task_index == len(cluster["worker"]) - 1 and args.straggler_delay > 0
     session = worker.start(server, wait_for_everyone=True,  # every round needs every worker
-                           each_session=lambda s: sync.hook.after_create_session(
-                               s, tf.compat.v1.train.Coordinator()))  # again after a restart
+                           each_session=lambda s: start_sync_replicas(
+                               s, sync.optimizer, worker.is_chief))  # again after a restart
     token = None  # the step this worker sends its next gradient to
     while worker.step < math.ceil(args.steps / replicas_to_aggregate):  # --steps: mini-batches
         if straggling:

@@ -68,7 +68,7 @@ def sync_workers(build, args_per_worker):
         if k == 0:
             session.run(init[0])
         session.run(init[1])
-        ops.hook.after_create_session(session, tf.compat.v1.train.Coordinator())
+        build.__globals__["start_sync_replicas"](session, ops.optimizer, k == 0)  # its module's
         all_ops.append(ops)
         sessions.append(session)
     return all_ops, sessions
