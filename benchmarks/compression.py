@@ -20,7 +20,6 @@ Writes compression.md and logs/compression-* into --out; the default run publish
 in benchmarks/README.md. Needs what cluster.py needs: root, ip and tc.
 """
 import argparse
-import importlib.util
 import os
 import statistics
 import sys
@@ -30,7 +29,7 @@ import cluster  # benchmarks/cluster.py: the hosts, the rates, the counters
 import published_tables  # the figures reach the READMEs only through here
 import example_runs  # how every benchmark runs an example and reads its metrics
 import command_line  # link rates and the one-line error
-from example_runs import ROOT, time_to_target
+from example_runs import time_to_target
 
 EXAMPLE = "Gradient-Compression"
 HIDDEN = 1024
@@ -42,10 +41,7 @@ def codec_seconds(compressor_name, repeats=30):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import numpy as np
     import tensorflow as tf
-    spec = importlib.util.spec_from_file_location("gc_train", os.path.join(ROOT, EXAMPLE,
-                                                                           "train.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = example_runs.load_example(EXAMPLE, "gc_train")
     module.tf = tf
     tf.compat.v1.disable_eager_execution()
     args = module.parse_flags(["--compressor", compressor_name, "--hidden", str(HIDDEN)],

@@ -1,7 +1,8 @@
 """How most benchmarks run an example and read its results: compare.py, bandwidth.py,
 window_sweep.py, scaling.py, ps_sweep.py and pipeline.py (sparse_embeddings.py takes only its
 command line). throughput.py and stragglers.py start the example's run.sh themselves: one
-example on localhost, its metrics file read back.
+example on localhost, its metrics file read back. compression.py, step_anatomy.py and
+gpu_check.py build an example's graph in their own process instead (load_example).
 
 A run is either the example's own run.sh on localhost, what a user runs first, or
 benchmarks/cluster.py, every task a host of its own behind links of a given rate. Either way
@@ -10,6 +11,7 @@ metrics to --out/logs/<tag>.json, which --from_logs reads back to redraw the tab
 without training again.
 """
 import argparse
+import importlib.util
 import json
 import os
 import shlex
@@ -37,6 +39,15 @@ def examples():
     found = sorted(d for d in os.listdir(ROOT) if os.path.isfile(os.path.join(ROOT, d, "run.sh"))
                    and os.path.isfile(os.path.join(ROOT, d, "train.py")) and on_the_digits(d))
     return [BASELINE] + [d for d in found if d != BASELINE]
+
+
+def load_example(example, name="train"):
+    """An example's train.py as a module named name (in sys.modules too), for a benchmark that
+    builds the example's graph in its own process; the example's main() runs only if called."""
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, example, "train.py"))
+    module = sys.modules[name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def on_the_digits(example):

@@ -13,25 +13,16 @@ GPU_CHECK_ON=cpu (the dry run): the same runs with the CPU's devices instead, no
 GPU_CHECK_MEMORY_MB: the memory of each logical GPU (default 2048), so that several processes
 and logical GPUs share one card.
 """
-import importlib.util
 import math
 import os
 import re
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from example_runs import load_example  # an example's train.py as a module
+
 ON_CPU = os.environ.get("GPU_CHECK_ON", "gpu") == "cpu"
 MEMORY_MB = int(os.environ.get("GPU_CHECK_MEMORY_MB", "2048"))
 LOSS_TOLERANCE = 2e-3  # as tests/test_in_graph_replication.py allows between two runs
-
-
-def load_example(example):
-    """An example's train.py as a module; its main() runs only when called."""
-    spec = importlib.util.spec_from_file_location("train", os.path.join(ROOT, example,
-                                                                        "train.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 # --- Runs on logical GPUs -------------------------------------------------------------------------

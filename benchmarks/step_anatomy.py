@@ -11,20 +11,19 @@ and measures, each averaged over --steps session.run calls:
   - the CPU time the worker and the ps spend per step (from /proc).
 """
 import argparse
-import importlib.util
 import os
 import socket
 import subprocess
 import sys
 import time
 
+import example_runs  # load_example: an example's train.py as a module
 import published_tables  # the figures reach the READMEs only through here
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "Distributed-Setup"))
 import tensorflow as tf  # noqa: E402
-import train as template  # noqa: E402  (Distributed-Setup/train.py)
+
+template = example_runs.load_example("Distributed-Setup")  # its train.py, as a module
 
 template.tf = tf  # train.py loads TensorFlow itself only in main(), after checking its flags
 
@@ -72,10 +71,7 @@ def main():
 
     with tf.Graph().as_default():  # one process, the baseline
         flags.task_index = 0
-        spec = importlib.util.spec_from_file_location(
-            "local_train", os.path.join(ROOT, "Non-Distributed-Setup", "train.py"))
-        local = sys.modules["local_train"] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(local)
+        local = example_runs.load_example("Non-Distributed-Setup", "local_train")
         local.tf = tf
         train_op = local.build_sgd(flags, *local.training_batches(
             data, flags.batch_size, 0, 1, flags.seed)).train_op

@@ -238,8 +238,9 @@ def test_a_worker_that_starts_late_labels_its_pairs_with_its_thetas_generation_a
 def test_a_restarted_worker_is_refused_in_one_line_and_the_chief_trains_on(tmp_path):
     # its copy of theta and its generation are gone, and the start message it took is spent:
     # it cannot rejoin exactly, so it says so instead of training on a theta of its own
+    # --steps 2000: the chief's 1000 generations outlast the restarted worker's start-up
     proc = start_example(EXAMPLE, ["--log_dir", str(tmp_path / "logs"), "--log_every", "50",
-                                   "--steps", "4000"])
+                                   "--steps", "2000"])
     try:
         seen = read_until(proc, "[worker1] local_step=", timeout=120)
         pid = int(seen.split("started worker1 pid=")[1].split()[0])
@@ -258,7 +259,7 @@ def test_a_restarted_worker_is_refused_in_one_line_and_the_chief_trains_on(tmp_p
         "in progress; start the whole run again"]
     assert run.code == 1, run.output[-3000:]  # run.sh names the lost worker
     summary = run.summary()
-    assert summary["lost_workers"] == "1" and summary["global_step"] == "2000", summary
+    assert summary["lost_workers"] == "1" and summary["global_step"] == "1000", summary
     assert_nothing_left(str(tmp_path))
 
 
