@@ -191,10 +191,10 @@ def start_sync_replicas(session, optimizer, is_chief):
     local step and, on the chief, the thread that applies each aggregated step and hands out its
     tokens. No tokens at the start (the hook's num_tokens=0): no worker may start before the
     first step is aggregated, so the chief cannot race ahead alone while the others start.
-    Worker.start calls this on every new session, again after a restart. Unlike the hook's queue
-    runner, the thread never closes the token queue when it stops: after a ps restart, that close
-    (a new graph on the lost session) would reach the new ps's queue by its name and end every
-    worker's run with an OutOfRangeError. The lost session's thread ends with its session."""
+    Worker.new_session calls this on every new session, again after a restart. Unlike the hook's
+    queue runner, the thread never closes the token queue when it stops: after a ps restart,
+    that close (a new graph on the lost session) would reach the new ps's queue by its name and
+    end every worker's run with an OutOfRangeError. The lost session's thread ends with it."""
     session.run(optimizer.chief_init_op if is_chief else optimizer.local_step_init_op)
     if is_chief:
         apply_steps = optimizer.get_chief_queue_runner().enqueue_ops[0]  # waits for N gradients
@@ -203,12 +203,18 @@ def start_sync_replicas(session, optimizer, is_chief):
 
 
 def run_until_it_fails(session, op):
-    """Run op again and again, until its session is closed or loses a task."""
+    """Run op again and again, until its session is closed or loses a task to a restart (a new
+    session starts a thread of its own). Any other error is said in one line: the workers then
+    wait --step_timeout for a step that does not come."""
     try:
         while True:
             session.run(op)
-    except tf.errors.OpError:
+    except (tf.errors.CancelledError, tf.errors.AbortedError, tf.errors.UnavailableError,
+            RuntimeError):  # RuntimeError: the session was closed between two runs
         pass
+    except tf.errors.OpError as e:
+        print("error: the chief stopped applying steps: %s: %s" % (type(e).__name__, cause(e)),
+              flush=True)
 # <<< shared: sync replicas start
 
 

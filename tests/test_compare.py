@@ -1,6 +1,6 @@
-"""benchmarks/compare.py: every example, one table and two plots, nothing left running; over a
-network (compare.py --bandwidth, benchmarks/bandwidth.py) and the window sweep
-(benchmarks/window_sweep.py): their tables, ranks, plots and refusals."""
+"""benchmarks/compare.py: the examples it runs (every one by default), one table and two plots,
+nothing left running; over a network (compare.py --bandwidth, benchmarks/bandwidth.py) and the
+window sweep (benchmarks/window_sweep.py): their tables, ranks, plots and refusals."""
 import argparse
 import json
 import os

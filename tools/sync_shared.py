@@ -37,6 +37,8 @@ def family(jobs, example=""):
 
 
 def main():
+    if sys.argv[1:]:
+        sys.exit("usage: python tools/sync_shared.py (it takes no arguments; see its docstring)")
     examples = sorted(d for d in os.listdir(ROOT) if os.path.isfile(os.path.join(ROOT, d, "train.py")))
     texts = {e: open(os.path.join(ROOT, e, "train.py")).read() for e in examples}
     blocks = {}  # every shared block, above or below a banner: the first reference's text

@@ -53,9 +53,10 @@ def worker_config(task_index):
 
 
 def sync_workers(build, args_per_worker):
-    """Workers of a SyncReplicasOptimizer algorithm (EASGD, DiLoCo) on a real in-process
-    cluster, each on its own fixed batch, set up as their monitored sessions would be (the
-    chief's aggregation thread included). Returns (ops, sessions), one per worker."""
+    """Workers of a SyncReplicasOptimizer algorithm (Sync-SGD, EASGD, DiLoCo: build, the
+    module's build function) on a real in-process cluster, each on its own fixed batch, each
+    session set up by the module's start_sync_replicas, as Worker.new_session does (the chief's
+    aggregation thread included). Returns (ops, sessions), one per worker."""
     import tensorflow as tf
     cluster, servers = in_process_cluster(num_workers=len(args_per_worker))
     all_ops, sessions = [], []
