@@ -97,10 +97,10 @@ def test_each_family_trains_to_the_bar_with_every_task_on_its_own_host(example, 
     ("Sync-SGD", 7, "worker1", "worker1@30", ["--steps", "16000", "--step_timeout", "120"]),
     ("Hogwild", 0, "ps0", "ps0@60", ["--steps", "20000"]),
     # (more steps: 16000 ended before +60 s in 3 of 4 rounds on a lightly loaded machine). Left
-    # out of the default run (-m restarts): 1 of 5 runs here failed after the chief had restored
-    # the new ps and trained on for about 15 s: a step of worker1 never returned (its master logged
-    # "The same RunGraph (Worker) request was received twice"), and the chief ended the run
-    # after --step_timeout, as a lost worker does
+    # out of the default run (-m restarts): 1 of 5 runs here failed after the chief had
+    # restored the new ps and trained on for about 15 s: a step of worker1 never returned (its
+    # master logged "The same RunGraph (Worker) request was received twice"), and the chief
+    # ended the run after --step_timeout, as a lost worker does
     pytest.param("Sync-SGD", 7, "worker1", "ps0@60",
                  ["--steps", "30000", "--step_timeout", "120"], marks=pytest.mark.restarts),
     # the chief of a synchronous run: its new session starts the token thread again (-m restarts)
