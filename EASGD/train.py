@@ -195,6 +195,9 @@ def start_sync_replicas(session, optimizer, is_chief):
     queue runner, the thread never closes the token queue when it stops: after a ps restart,
     that close (a new graph on the lost session) would reach the new ps's queue by its name and
     end every worker's run with an OutOfRangeError. The lost session's thread ends with it."""
+    # the hook's check that the variables are ready, made already by Worker.new_session: marked
+    # used, or TensorFlow logs an error that it never was when the process ends
+    optimizer.ready_for_local_init_op.mark_used()
     session.run(optimizer.chief_init_op if is_chief else optimizer.local_step_init_op)
     if is_chief:
         apply_steps = optimizer.get_chief_queue_runner().enqueue_ops[0]  # waits for N gradients
