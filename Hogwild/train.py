@@ -586,6 +586,7 @@ class Worker(object):
                                self.finished.assign(self.record_fed[1])]
             self.record_seen = None  # (started, finished) as the chief last read them
         self.has_record = tf.compat.v1.is_variable_initialized(self.started)
+        self.has_record.mark_used()  # a worker may never run it: no "never used" error at exit
         self.local_steps, self.history = 0, []
 
     def start(self, server, wait_for_everyone=False, each_session=None):
