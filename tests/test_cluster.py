@@ -84,9 +84,9 @@ def test_each_family_trains_to_the_bar_with_every_task_on_its_own_host(example, 
 # runs make the same checks of it (the order, the bar, no worker lost, the ps's end). In the
 # default run again (Sync-SGD's chief and ps under -m restarts): 20 of 21 runs of these six and
 # test_plumbing.py's ps restart completed at the bar here (benchmarks/README.md), where before
-# a restarted chief re-initialised the run and a restarted ps ended it. The restart comes while the long run is training; a ps's after the
-# chief's first checkpoint. A run that lost its ps trains again from that checkpoint: 215 s of
-# the --timeout of 280 in one run here.
+# a restarted chief re-initialised the run and a restarted ps ended it. The restart comes while
+# the long run is training; a ps's after the chief's first checkpoint. A run that lost its ps
+# trains again from that checkpoint: 215 s of the --timeout of 280 in one run here.
 @pytest.mark.cluster
 @needs_namespaces
 @pytest.mark.timeout(340)
