@@ -143,9 +143,7 @@ def run_example(example, workers, args, tag, train_args=(), bandwidth=None, who=
             return None
         return read_metrics(metrics_path)
     tensorboard = os.path.join(logs, tag + "-tensorboard")
-    shutil.rmtree(tensorboard, ignore_errors=True)  # an earlier run's checkpoint would resume
-    if os.path.exists(metrics_path):
-        os.remove(metrics_path)  # a failed run must not leave an earlier run's figures behind
+    clear_earlier_run(tensorboard, metrics_path)
     common = ["--steps", str(args.steps), "--batch_size", str(args.batch_size),
               "--log_every", str(args.eval_every),
               "--seed", str(args.seed if seed is None else seed)]
@@ -194,6 +192,15 @@ def run_example(example, workers, args, tag, train_args=(), bandwidth=None, who=
         print(failure.replace(log_path, failed_log) + "; running it once more", file=sys.stderr,
               flush=True)
         shutil.rmtree(tensorboard, ignore_errors=True)
+
+
+def clear_earlier_run(tensorboard, metrics_path):
+    """Remove what an earlier run of the same tag left: its checkpoint would make this run
+    resume at its last step (and train nothing), and a failed run must not leave the earlier
+    run's figures behind."""
+    shutil.rmtree(tensorboard, ignore_errors=True)
+    if os.path.exists(metrics_path):
+        os.remove(metrics_path)
 
 
 def read_metrics(path):

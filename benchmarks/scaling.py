@@ -88,12 +88,14 @@ def run_baseline(args, who, tag="scaling-%s" % BASELINE, seed=None, workload=WOR
     log_path, metrics_path = (os.path.join(logs, tag + ext) for ext in (".log", ".json"))
     if args.from_logs:
         return example_runs.read_metrics(metrics_path)
+    tensorboard = os.path.join(logs, tag + "-tensorboard")
+    example_runs.clear_earlier_run(tensorboard, metrics_path)  # or a rerun would only resume
     quotas = cluster.CpuQuotas("dtfg%d" % os.getpid(), ["local"], args.cpus)
     command = [sys.executable, os.path.join(example_runs.ROOT, BASELINE, "train.py"),
                "--steps", str(args.steps), "--batch_size", str(args.batch_size),
                "--log_every", str(args.eval_every),
                "--seed", str(args.seed if seed is None else seed),
-               "--log_dir", os.path.join(logs, tag + "-tensorboard"),
+               "--log_dir", tensorboard,
                "--metrics_file", metrics_path] + list(workload)
     if args.data_path:  # MNIST-1D, as every distributed run gets it (example_runs.run_example)
         command += ["--data_path", args.data_path]

@@ -281,6 +281,34 @@ def test_a_decision_table_run_that_overruns_is_not_reached_and_not_run_again(
     assert example_runs.run_example("Sync-SGD", 3, args, "t", timeout_is_a_result=True) is None
 
 
+def test_a_rerun_of_the_one_host_reference_trains_from_scratch_not_from_the_last_checkpoint(
+        monkeypatch, tmp_path):
+    # the decision table runs the reference once per call; a second call (another rate) found
+    # the first's checkpoint at its last step, resumed there and trained nothing
+    tensorboard = tmp_path / "logs" / "ref-tensorboard"
+    tensorboard.mkdir(parents=True)
+    (tensorboard / "checkpoint").write_text("model_checkpoint_path: \"model.ckpt-900\"\n")
+    (tmp_path / "logs" / "ref.json").write_text('{"test_accuracy": 0.5}')
+    seen = []
+
+    class NoQuotas:
+        def __init__(self, *args):
+            pass
+        create = remove = lambda self: None
+        join_command = lambda self, task: []
+
+    def call(command, **kwargs):
+        seen.append((tensorboard.exists(), (tmp_path / "logs" / "ref.json").exists()))
+        (tmp_path / "logs" / "ref.json").write_text('{"test_accuracy": 0.6}')
+        return 0
+    monkeypatch.setattr(scaling.cluster, "CpuQuotas", NoQuotas)
+    monkeypatch.setattr(scaling.subprocess, "call", call)
+    args = argparse_namespace(out=str(tmp_path), from_logs=False, steps=10, batch_size=64,
+                              eval_every=5, seed=0, timeout=1, data_path="", cpus=0.4)
+    assert scaling.run_baseline(args, "t", tag="ref")["test_accuracy"] == 0.6
+    assert seen == [(False, False)]
+
+
 def test_only_a_full_run_into_the_default_folder_publishes(tmp_path):
     default = argparse_namespace(out=os.path.join(ROOT, "benchmarks", "results"))
     assert example_runs.publishing(default, quick=False)
