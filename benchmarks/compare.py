@@ -41,7 +41,7 @@ import published_tables  # the figures reach the READMEs only through here
 import command_line  # link rates and the one-line error
 import example_runs  # how this benchmark runs an example and reads its metrics
 import problems  # benchmarks/problems.py: the digits or MNIST-1D
-from example_runs import BASELINE, ROOT, line_style, time_to_target
+from example_runs import BASELINE, line_style, time_to_target
 
 
 PROBLEM_NAMES = {"digits": "the digits", "mnist1d": "MNIST-1D"}
@@ -195,7 +195,7 @@ def main(argv=None):
     print(table)
     if example_runs.publishing(args, args.quick, published=problems.PROBLEMS):  # the figures shown
         readmes = [published_tables.BENCHMARKS_README] + (
-            [os.path.join(ROOT, "README.md")] if args.problem == "digits" else [])
+            [published_tables.ROOT_README] if args.problem == "digits" else [])
         published_tables.publish(example_runs.section("compare.py", args), table, readmes)
     plot_accuracy(os.path.join(args.out, "accuracy.png"), results, args)
     plot_final_accuracy(os.path.join(args.out, "final_accuracy.png"), results, args)

@@ -113,6 +113,43 @@ def write_table(path, results, reference, rates, settings):
     return text
 
 
+def which_scheme(results, reference, rates, settings):
+    """The table read for a user choosing a scheme (the root README's "Which scheme when"): for
+    each rate, the three examples that reached the target first (median seconds, and how many
+    times faster than one process on one host), and those that did not reach it."""
+    target = settings["target"]
+    one_host = [s for s in seconds_to(reference, target) if s is not None]
+    one_host = statistics.median(one_host) if one_host else None
+    lines = ["| links | first to %.2f (median s, speed-up against one host) | not reached in %d "
+             "mini-batches |" % (target, settings["steps"]), "|---|---|---|"]
+    for label, bits in rates:
+        timed, missed = [], []
+        for example in dict.fromkeys(e for e, _ in results):
+            seconds = seconds_to(results.get((example, label), []), target)
+            reached = [s for s in seconds if s is not None]
+            if reached:
+                timed.append((statistics.median(reached), example, len(reached), len(seconds)))
+            elif seconds:
+                missed.append(example)
+        first = []
+        for median, example, k, n in sorted(timed)[:3]:
+            text = "%s %.1f s" % (example, median)
+            if one_host:
+                text += " (%.1fx)" % (one_host / median)
+            if k < n:
+                text += ", %d of %d runs" % (k, n)
+            first.append(text)
+        lines.append("| %s | %s | %s |" % (command_line.format_rate(bits),
+                                            "; ".join(first) or "none",
+                                            ", ".join(missed) or "none"))
+    lines += ["", "One process on one host: %s. Read from the decision table (%d workers and 1 ps "
+              "on hosts of %g core(s), %s, %d run(s) a cell), written by `%s`."
+              % ("%.1f s to %.2f" % (one_host, target) if one_host else "not reached",
+                 settings["workers"], settings["cpus"], settings["problem"], settings["repeats"],
+                 settings["command"])]
+    return "\n".join(lines)
+
+
 def plot(path, results, reference, rates, target):
     plt = example_runs.pyplot()
     fig, ax = plt.subplots(figsize=(10, 5))
@@ -190,9 +227,13 @@ def main(argv=None, prog="decision_table.py"):
     table = write_table(os.path.join(args.out, "decision_table.md"), results, reference, rates,
                         settings)
     print(table)
+    reading = which_scheme(results, reference, rates, settings)
+    print("\n" + reading)
     if example_runs.publishing(args, args.quick, published=("mnist1d",)):
         published_tables.publish(example_runs.section("decision_table.py", args), table,
-                       [published_tables.BENCHMARKS_README])
+                                 [published_tables.BENCHMARKS_README])
+        published_tables.publish(example_runs.section("decision_table.py", args) + "-reading",
+                                 reading, [published_tables.ROOT_README])
     plot(os.path.join(args.out, "decision_table.png"), results, reference, rates, args.target)
     print("\nwrote decision_table.md and decision_table.png to %s in %.0f s"
           % (args.out, time.time() - started), file=sys.stderr)

@@ -16,6 +16,7 @@ import os
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
 BENCHMARKS_README = os.path.join(ROOT, "benchmarks", "README.md")
+ROOT_README = os.path.join(ROOT, "README.md")
 
 
 def markers(name):

@@ -262,6 +262,27 @@ def test_the_decision_table_gives_each_rate_the_median_and_range_or_what_was_not
     assert (tmp_path / "d.png").read_bytes().startswith(PNG_SIGNATURE)
 
 
+def test_which_scheme_names_the_first_three_to_the_target_at_each_rate_and_those_that_missed():
+    results = {("DOWNPOUR", "unlimited"): [mnist1d_metrics(10.0), mnist1d_metrics(14.0)],
+               ("DOWNPOUR", "20mbit"): [mnist1d_metrics(30.0), None],
+               ("Sync-SGD", "unlimited"): [mnist1d_metrics(20.0), mnist1d_metrics(22.0)],
+               ("Sync-SGD", "20mbit"): [mnist1d_metrics(None), mnist1d_metrics(None)],
+               ("DiLoCo", "unlimited"): [mnist1d_metrics(2.0), mnist1d_metrics(3.0)],
+               ("DiLoCo", "20mbit"): [mnist1d_metrics(8.0), mnist1d_metrics(8.0)],
+               ("Hogwild", "unlimited"): [mnist1d_metrics(40.0), mnist1d_metrics(40.0)],
+               ("Hogwild", "20mbit"): [None, None]}
+    settings = dict(command="sudo python benchmarks/decision_table.py", target=0.55, repeats=2,
+                    problem="mnist1d", workers=3, cpus=0.4, batch_size=512, steps=900)
+    text = decision_table.which_scheme(results, [mnist1d_metrics(40.0), mnist1d_metrics(44.0)],
+                                       [("unlimited", None), ("20mbit", 2 * 10 ** 7)], settings)
+    rows = table_rows(text)
+    assert rows["unlimited"] == ["DiLoCo 2.5 s (16.8x); DOWNPOUR 12.0 s (3.5x); Sync-SGD 21.0 s "
+                                 "(2.0x)", "none"]
+    assert rows["20 Mbit/s"] == ["DiLoCo 8.0 s (5.2x); DOWNPOUR 30.0 s (1.4x), 1 of 2 runs",
+                                 "Sync-SGD, Hogwild"]
+    assert "One process on one host: 42.0 s to 0.55." in text
+
+
 def test_a_decision_table_run_that_overruns_is_not_reached_and_not_run_again(
         monkeypatch, capsys, tmp_path):
     starts = []
