@@ -116,12 +116,14 @@ def write_table(path, results, reference, rates, settings):
 def which_scheme(results, reference, rates, settings):
     """The table read for a user choosing a scheme (the root README's "Which scheme when"): for
     each rate, the three examples that reached the target first (median seconds, and how many
-    times faster than one process on one host), and those that did not reach it."""
+    times faster than one process on one host; those that reached it in every run before those
+    that reached it in some), those slower than one host, and those that did not reach it."""
     target = settings["target"]
     one_host = [s for s in seconds_to(reference, target) if s is not None]
     one_host = statistics.median(one_host) if one_host else None
-    lines = ["| links | first to %.2f (median s, speed-up against one host) | not reached in %d "
-             "mini-batches |" % (target, settings["steps"]), "|---|---|---|"]
+    lines = ["| links | first to %.2f (median s, speed-up against one host) | slower than one "
+             "host | not reached in %d mini-batches |" % (target, settings["steps"]),
+             "|---|---|---|---|"]
     for label, bits in rates:
         timed, missed = [], []
         for example in dict.fromkeys(e for e, _ in results):
@@ -131,17 +133,20 @@ def which_scheme(results, reference, rates, settings):
                 timed.append((statistics.median(reached), example, len(reached), len(seconds)))
             elif seconds:
                 missed.append(example)
+        timed.sort(key=lambda t: (t[2] < t[3], t[0]))  # every run reached it, then the seconds
+        slower = [example for median, example, _, _ in timed if one_host and median > one_host]
         first = []
-        for median, example, k, n in sorted(timed)[:3]:
+        for median, example, k, n in timed[:3]:
             text = "%s %.1f s" % (example, median)
             if one_host:
                 text += " (%.1fx)" % (one_host / median)
             if k < n:
                 text += ", %d of %d runs" % (k, n)
             first.append(text)
-        lines.append("| %s | %s | %s |" % (command_line.format_rate(bits),
-                                            "; ".join(first) or "none",
-                                            ", ".join(missed) or "none"))
+        lines.append("| %s | %s | %s | %s |" % (command_line.format_rate(bits),
+                                                 "; ".join(first) or "none",
+                                                 ", ".join(slower) or "none",
+                                                 ", ".join(missed) or "none"))
     lines += ["", "One process on one host: %s. Read from the decision table (%d workers and 1 ps "
               "on hosts of %g core(s), %s, %d run(s) a cell), written by `%s`."
               % ("%.1f s to %.2f" % (one_host, target) if one_host else "not reached",
