@@ -301,6 +301,10 @@ def test_a_decision_table_run_that_overruns_is_not_reached_and_not_run_again(
     assert len(starts) == 1 and "overran" in capsys.readouterr().err
     args.from_logs = True  # a redraw counts it as not reached too
     assert example_runs.run_example("Sync-SGD", 3, args, "t", timeout_is_a_result=True) is None
+    # but a run that never ran is no result: a redraw stops in one line, naming it
+    with pytest.raises(SystemExit) as stop:
+        example_runs.run_example("DOWNPOUR", 3, args, "never", timeout_is_a_result=True)
+    assert "DOWNPOUR has no run never" in str(stop.value) and "run it first" in str(stop.value)
 
 
 def test_a_rerun_of_the_one_host_reference_trains_from_scratch_not_from_the_last_checkpoint(
