@@ -19,15 +19,15 @@ it at this workload; if it did not, lower --target.
 
 Each cell is the median over --repeats runs (seeds SEED, SEED + 1, ...) of the seconds from the
 chief's start to the target, with the runs' range; "not reached" when no run reached it within
-its --steps, "k of n: S" when only some did (S their median). A run that overruns --timeout
-counts as not reached and is not run again: at 20 Mbit/s the examples that move the whole
-model every step (2.5 MB a mini-batch at this workload) cannot finish --steps in time.
+its --steps, "k of n: S" when only some did (S their median). A run reports its seconds to the
+target only when it ends: one that overruns --timeout (900 s) counts as not reached and is not
+run again. At 20 Mbit/s the examples that move the whole model every mini-batch (2.5 MB at
+this workload) take minutes; 600 s was too short for those that took about 150 s at 100 Mbit/s.
 
-How long: 12 examples x 3 rates x 2 repeats = 72 runs and 2 reference runs. scaling.py's
-published 72 runs of 900 mini-batches took about 50 min on a quiet 2-core machine; the runs at
-20 Mbit/s are slower, and those that time out take --timeout (600 s) each, so allow 2 to 3
-hours, or run fewer rates (--bandwidth unlimited,100mbit) or examples (--examples) at a time.
-Not yet run on this machine: the figures in benchmarks/README.md come only from a full run.
+How long: 13 examples x 3 rates x 2 repeats = 78 runs and 2 reference runs. Measured here, one
+rate at a time: unlimited links 893 s, 100 Mbit/s about 1800 s, 20 Mbit/s the longest. Run
+fewer rates (--bandwidth unlimited,100mbit), examples (--examples) or repeats (--repeat_from)
+at a time, then draw the whole table from every run's log with --from_logs.
 
 Writes into --out (benchmarks/results/mnist1d with --problem mnist1d):
   decision_table.md    the table, one row per example, a column per rate;
@@ -52,7 +52,7 @@ from example_runs import BASELINE, time_to_target
 def parser(prog):
     p = example_runs.argparse_for(prog, __doc__)
     example_runs.add_run_flags(p, steps=900, eval_every=10, problem=True)
-    p.set_defaults(batch_size=512, problem="mnist1d", timeout=600)
+    p.set_defaults(batch_size=512, problem="mnist1d", timeout=900)
     p.add_argument("--target", type=float, default=None,
                    help="the test accuracy to reach (default: the problem's, 0.55 on MNIST-1D)")
     p.add_argument("--cpus", type=cluster.positive_cores, default=0.4, metavar="C",
@@ -62,6 +62,9 @@ def parser(prog):
                    help="comma-separated link rates (default: unlimited,100mbit,20mbit)")
     p.add_argument("--repeats", type=int, default=2,
                    help="runs per example and rate, run r with --seed SEED + r (default: 2)")
+    p.add_argument("--repeat_from", type=int, default=0, metavar="R",
+                   help="run only runs R to --repeats - 1 (a table measured in parts: the "
+                        "runs before R are left as they are, for --from_logs; default: 0)")
     p.add_argument("--examples", default="",
                    help="comma-separated distributed examples (default: scaling.py's)")
     p.add_argument("--quick", action="store_true",
@@ -202,24 +205,29 @@ def main(argv=None, prog="decision_table.py"):
             raise ValueError("--examples: name at least one distributed example")
         if args.workers < 1 or args.repeats < 1:
             raise ValueError("--workers and --repeats must be at least 1")
+        if not 0 <= args.repeat_from < args.repeats:
+            raise ValueError("--repeat_from %d: give a run from 0 to --repeats - 1 (%d)"
+                             % (args.repeat_from, args.repeats - 1))
         if not args.from_logs:  # before any run: a machine that cannot fails in one line
             cluster.check_machine(needs_tc=any(bits is not None for _, bits in rates))
             cluster.check_cpus(args.workers + 2, args.cpus)  # the workers, a ps, a coordinator
     except (ValueError, cluster.SetupError) as e:
         return command_line.error(str(e))
     who = os.path.splitext(prog)[0]
-    plan = [(e, label, r) for label, _ in rates for e in names for r in range(args.repeats)]
+    first = 0 if args.from_logs else args.repeat_from  # a redraw reads every run's log
+    runs = range(first, args.repeats)
+    plan = [(e, label, r) for label, _ in rates for e in names for r in runs]
     started = time.time()
     progress = lambda i, what: print("[%d/%d] %s (%.0f s so far)" % (
-        i, len(plan) + args.repeats, what, time.time() - started), file=sys.stderr, flush=True)
+        i, len(plan) + len(runs), what, time.time() - started), file=sys.stderr, flush=True)
     reference = []
-    for r in range(args.repeats):
-        progress(r + 1, "%s, one process on one host of %g cores, run %d" % (BASELINE, args.cpus,
+    for i, r in enumerate(runs, 1):
+        progress(i, "%s, one process on one host of %g cores, run %d" % (BASELINE, args.cpus,
                                                                             r + 1))
         reference.append(scaling.run_baseline(args, who, tag="decision-%s-r%d" % (BASELINE, r),
                                                seed=args.seed + r))
     results = {}
-    for i, (example, label, r) in enumerate(plan, args.repeats + 1):
+    for i, (example, label, r) in enumerate(plan, len(runs) + 1):
         progress(i, "%s, %d workers, links %s, run %d" % (example, args.workers, label, r + 1))
         results.setdefault((example, label), []).append(example_runs.run_example(
             example, args.workers, args, "decision-%s-%s-r%d" % (example, label, r),
@@ -227,7 +235,7 @@ def main(argv=None, prog="decision_table.py"):
             seed=args.seed + r, timeout_is_a_result=True))
     os.makedirs(args.out, exist_ok=True)
     settings = dict(command=example_runs.rerun_command(prog, argv, sudo=True), target=args.target,
-                    repeats=args.repeats, problem=args.problem, workers=args.workers,
+                    repeats=len(runs), problem=args.problem, workers=args.workers,
                     cpus=args.cpus, batch_size=args.batch_size, steps=args.steps)
     table = write_table(os.path.join(args.out, "decision_table.md"), results, reference, rates,
                         settings)

@@ -624,6 +624,41 @@ def test_the_ps_sweep_table_gives_each_ps_links_bytes_and_the_gain_over_one_ps(t
     assert "every host 0.33 core(s)" in text and "sudo python benchmarks/ps_sweep.py" in text
 
 
+@pytest.mark.parametrize("repeat_from", ["2", "-1"])
+def test_the_decision_table_refuses_a_first_run_outside_its_repeats_in_one_line(
+        repeat_from, monkeypatch, capsys, tmp_path):
+    no_runs(monkeypatch)
+    assert exit_code(decision_table.main, ["--repeats", "2", "--repeat_from", repeat_from,
+                                           "--out", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "error: --repeat_from %s: give a run from 0 to --repeats - 1 (1)" % repeat_from]
+
+
+def test_a_decision_table_measured_in_parts_runs_only_the_runs_asked_and_redraws_them_all(
+        monkeypatch, capsys, tmp_path):
+    ran = []
+    monkeypatch.setattr(decision_table.cluster, "check_machine", lambda needs_tc: None)
+    monkeypatch.setattr(decision_table.cluster, "check_cpus", lambda hosts, cpus: None)
+    monkeypatch.setattr(decision_table.scaling, "run_baseline",
+                        lambda args, who, tag, seed: ran.append((tag, seed)) or
+                        mnist1d_metrics(40.0))
+    monkeypatch.setattr(decision_table.example_runs, "run_example",
+                        lambda example, workers, args, tag, **kw: ran.append((tag, kw["seed"]))
+                        or mnist1d_metrics(10.0))
+    argv = ["--examples", "DOWNPOUR", "--bandwidth", "unlimited", "--repeats", "2",
+            "--out", str(tmp_path)]
+    assert decision_table.main(argv + ["--repeat_from", "1"]) == 0
+    assert ran == [("decision-Non-Distributed-Setup-r1", 1), ("decision-DOWNPOUR-unlimited-r1", 1)]
+    assert "over 1 run(s)" in (tmp_path / "decision_table.md").read_text()
+    ran.clear()
+    assert decision_table.main(argv + ["--from_logs"]) == 0  # a redraw reads run 0 as well
+    assert [tag for tag, _ in ran] == ["decision-Non-Distributed-Setup-r0",
+                                       "decision-Non-Distributed-Setup-r1",
+                                       "decision-DOWNPOUR-unlimited-r0",
+                                       "decision-DOWNPOUR-unlimited-r1"]
+    assert "over 2 run(s)" in (tmp_path / "decision_table.md").read_text()
+
+
 def test_the_ps_sweep_refuses_an_example_without_slices_in_one_line():
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "ps_sweep.py"),
                            "--examples", "DOWNPOUR", "--out", "/nonexistent"],
