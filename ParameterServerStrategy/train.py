@@ -248,7 +248,7 @@ def main(argv=None):
 #                                                                  fail, cause
 #   3. a server with nothing of its own to run ends itself once
 #      the task it serves is gone                                 serve_until_gone, wait_for,
-#                                                                  is_listening
+#                                                                  is_listening, is_gone
 #   4. checkpoints and resume; progress lines with the test
 #      metrics; TensorBoard summaries                             TrainingRun, progress
 #   5. the summary line                                           end, print_summary
@@ -487,9 +487,30 @@ def serve_until_gone(args, cluster, watched):
           % (role, cluster[args.job_name][args.task_index], watched), flush=True)
     if not wait_for(lambda: is_listening(watched), args.connect_timeout):
         fail("%s: %s did not come up within %.0f s" % (role, watched, args.connect_timeout))
-    wait_for(lambda: not is_listening(watched))
+    wait_for(is_gone(watched, args.connect_timeout))
     print("[%s] %s is gone; shutting down" % (role, watched), flush=True)
     os._exit(0)  # the server's threads would keep an ordinary exit waiting forever
+
+
+def is_gone(address, silence):
+    """A check for wait_for: whether the process at address is gone. Its port refusing a
+    connection says so at once; a connection that is not answered does only after silence
+    seconds of it (a host that is down never answers, but a busy slow link answers late: at
+    20 Mbit/s the coordinator's start-up filled its link for seconds, and a ps that took the
+    unanswered connection for the end shut down under a run that had just started)."""
+    unanswered_since = [None]
+
+    def check():
+        try:
+            socket.create_connection(address.rsplit(":", 1), timeout=1).close()
+        except ConnectionRefusedError:
+            return True
+        except OSError:  # no answer within the second, or no route for now
+            unanswered_since[0] = unanswered_since[0] or time.time()
+            return time.time() - unanswered_since[0] > silence
+        unanswered_since[0] = None
+        return False
+    return check
 
 
 def run_and_exit(train, args, cluster, data):

@@ -3,12 +3,13 @@ shards over several ps; a lost worker's work moves to the others; every process 
 import json
 import os
 import signal
+import socket
 import time
 
-import numpy as np
 import pytest
 
-from support.examples import ACCURACY_BAR, error_lines, run_train, run_train_noting_tensorflow
+from support.examples import (ACCURACY_BAR, error_lines, load_train_module, run_train,
+                              run_train_noting_tensorflow)
 from support.processes import assert_nothing_left, free_ports
 from support.runs import finish, read_until, start_example
 from support.strategies import assert_one_sgd_step_of, one_strategy_step
@@ -111,6 +112,32 @@ def test_with_every_worker_killed_the_coordinator_ends_the_run_in_one_line(tmp_p
     assert "[chief0] error: chief 0 stopped: no worker has answered for 10 s" in run.output
     assert "resume from" in run.output  # run.sh names the command that resumes
     assert_nothing_left(str(tmp_path))
+
+
+def test_a_server_takes_a_refused_coordinator_for_gone_at_once_and_an_unanswered_one_only_later(
+        monkeypatch):
+    # at 20 Mbit/s the coordinator's start-up filled its link, a connection to it went
+    # unanswered for a second, and the ps shut down under a run that had just started
+    train = load_train_module(EXAMPLE)
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    address = "127.0.0.1:%d" % listener.getsockname()[1]
+    gone = train.is_gone(address, silence=0.5)
+    assert not gone()  # it answers
+    unanswered = lambda *args, **kwargs: (_ for _ in ()).throw(socket.timeout("timed out"))
+    with monkeypatch.context() as patched:
+        patched.setattr(train.socket, "create_connection", unanswered)
+        assert not gone()  # no answer: not yet gone
+        time.sleep(0.6)
+        assert gone()  # no answer for longer than silence: gone
+    gone = train.is_gone(address, silence=0.5)
+    with monkeypatch.context() as patched:
+        patched.setattr(train.socket, "create_connection", unanswered)
+        assert not gone()
+    assert not gone()  # it answered again: the silence starts over
+    listener.close()
+    assert gone()  # refused: gone at once
 
 
 def test_an_evaluator_task_is_refused_in_one_line_that_says_what_to_do():
