@@ -139,7 +139,7 @@ def run_example(example, workers, args, tag, train_args=(), bandwidth=None, who=
     os.makedirs(logs, exist_ok=True)
     log_path, metrics_path = (os.path.join(logs, tag + ext) for ext in (".log", ".json"))
     if args.from_logs:  # redraw from an earlier run's metrics, without training again
-        if not os.path.exists(log_path):  # never run: not a run that missed the target
+        if not os.path.exists(log_path) and not os.path.exists(metrics_path):  # never run
             sys.exit("%s: --from_logs: %s has no run %s (no %s); run it first, without "
                      "--from_logs" % (who, example, tag, os.path.relpath(log_path)))
         if timeout_is_a_result and not os.path.exists(metrics_path):
