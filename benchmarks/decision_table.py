@@ -25,7 +25,7 @@ run again. At 20 Mbit/s the examples that move the whole model every mini-batch 
 this workload) take minutes; 600 s was too short for those that took about 150 s at 100 Mbit/s.
 
 How long: 13 examples x 3 rates x 2 repeats = 78 runs and 2 reference runs. Measured here, one
-rate at a time: unlimited links 893 s, 100 Mbit/s about 1800 s, 20 Mbit/s the longest. Run
+rate at a time: unlimited links 893 s, 100 Mbit/s about 1800 s, 20 Mbit/s about 6650 s. Run
 fewer rates (--bandwidth unlimited,100mbit), examples (--examples) or repeats (--repeat_from)
 at a time, then draw the whole table from every run's log with --from_logs.
 
