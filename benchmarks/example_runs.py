@@ -139,12 +139,7 @@ def run_example(example, workers, args, tag, train_args=(), bandwidth=None, who=
     os.makedirs(logs, exist_ok=True)
     log_path, metrics_path = (os.path.join(logs, tag + ext) for ext in (".log", ".json"))
     if args.from_logs:  # redraw from an earlier run's metrics, without training again
-        if not os.path.exists(log_path) and not os.path.exists(metrics_path):  # never run
-            sys.exit("%s: --from_logs: %s has no run %s (no %s); run it first, without "
-                     "--from_logs" % (who, example, tag, os.path.relpath(log_path)))
-        if timeout_is_a_result and not os.path.exists(metrics_path):
-            return None
-        return read_metrics(metrics_path)
+        return logged_metrics(who, example, tag, log_path, metrics_path, timeout_is_a_result)
     tensorboard = os.path.join(logs, tag + "-tensorboard")
     clear_earlier_run(tensorboard, metrics_path)
     common = ["--steps", str(args.steps), "--batch_size", str(args.batch_size),
@@ -195,6 +190,20 @@ def run_example(example, workers, args, tag, train_args=(), bandwidth=None, who=
         print(failure.replace(log_path, failed_log) + "; running it once more", file=sys.stderr,
               flush=True)
         shutil.rmtree(tensorboard, ignore_errors=True)
+
+
+def logged_metrics(who, example, tag, log_path, metrics_path, timeout_is_a_result=False):
+    """An earlier run's metrics, for a redraw (--from_logs); None for a run that overran its
+    timeout (with timeout_is_a_result); a run that never ran stops the redraw in one line."""
+    if os.path.exists(metrics_path):
+        return read_metrics(metrics_path)
+    if not os.path.exists(log_path):  # never run
+        sys.exit("%s: --from_logs: %s has no run %s (no %s); run it first, without "
+                 "--from_logs" % (who, example, tag, os.path.relpath(log_path)))
+    if timeout_is_a_result:
+        return None
+    sys.exit("%s: --from_logs: %s's run %s left no metrics (see %s); run it again, without "
+             "--from_logs" % (who, example, tag, os.path.relpath(log_path)))
 
 
 def clear_earlier_run(tensorboard, metrics_path):

@@ -87,10 +87,7 @@ def run_baseline(args, who, tag="scaling-%s" % BASELINE, seed=None, workload=WOR
     os.makedirs(logs, exist_ok=True)
     log_path, metrics_path = (os.path.join(logs, tag + ext) for ext in (".log", ".json"))
     if args.from_logs:
-        if not os.path.exists(metrics_path):
-            sys.exit("%s: --from_logs: no metrics of the one-host run %s (no %s); run it "
-                     "first, without --from_logs" % (who, tag, os.path.relpath(metrics_path)))
-        return example_runs.read_metrics(metrics_path)
+        return example_runs.logged_metrics(who, BASELINE, tag, log_path, metrics_path)
     tensorboard = os.path.join(logs, tag + "-tensorboard")
     example_runs.clear_earlier_run(tensorboard, metrics_path)  # or a rerun would only resume
     quotas = cluster.CpuQuotas("dtfg%d" % os.getpid(), ["local"], args.cpus)
