@@ -183,7 +183,8 @@ def main(argv=None, prog="bandwidth.py"):
             raise ValueError("--workers must be at least 1, got %d" % args.workers)
         if not args.from_logs:  # before any run: a machine that cannot fails in one line
             cluster.check_machine(needs_tc=any(bits is not None for _, bits in rates))
-    except (ValueError, cluster.SetupError) as e:
+        example_runs.make_data(args)  # after every flag check: a wrong flag makes nothing
+    except (ValueError, RuntimeError, cluster.SetupError) as e:
         return command_line.error(str(e))
     distributed, who = [e for e in names if e != BASELINE], os.path.splitext(prog)[0]
     plan = [(e, label) for e in distributed for label, _ in rates]

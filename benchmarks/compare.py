@@ -174,7 +174,8 @@ def main(argv=None):
     worker_counts = [int(w) for w in args.workers.split(",")]
     try:
         names = example_runs.select_examples(args.examples)
-    except ValueError as e:
+        example_runs.make_data(args)  # after every flag check: a wrong flag makes nothing
+    except (ValueError, RuntimeError) as e:
         return command_line.error(str(e))
     plan = [(e, 1 if e == BASELINE else 2, r) for e in names for r in range(args.repeats)]
     plan += [(e, w, 0) for e in names if e != BASELINE for w in worker_counts if w != 2]

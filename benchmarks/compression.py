@@ -165,7 +165,8 @@ def main(argv=None):
         names = [c.strip() for c in args.compressors.split(",") if c.strip()]
         if not args.from_logs:
             cluster.check_machine(needs_tc=True)
-    except (ValueError, cluster.SetupError) as e:
+        example_runs.make_data(args)  # after every flag check: a wrong flag makes nothing
+    except (ValueError, RuntimeError, cluster.SetupError) as e:
         return command_line.error(str(e))
     started, results = time.time(), {}
     plan = len(names) * (len(seeds) + len(rates))

@@ -211,7 +211,8 @@ def main(argv=None, prog="decision_table.py"):
         if not args.from_logs:  # before any run: a machine that cannot fails in one line
             cluster.check_machine(needs_tc=any(bits is not None for _, bits in rates))
             cluster.check_cpus(args.workers + 2, args.cpus)  # the workers, a ps, a coordinator
-    except (ValueError, cluster.SetupError) as e:
+        example_runs.make_data(args)  # after every flag check: a wrong flag makes nothing
+    except (ValueError, RuntimeError, cluster.SetupError) as e:
         return command_line.error(str(e))
     who = os.path.splitext(prog)[0]
     first = 0 if args.from_logs else args.repeat_from  # a redraw reads every run's log

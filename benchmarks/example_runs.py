@@ -98,19 +98,23 @@ def add_run_flags(p, steps=3000, eval_every=50, problem=False):
 
 def parse_run_flags(p, argv):
     """The parsed flags of add_run_flags, settled: args.problem (digits where the script has no
-    --problem), args.out, args.target (the accuracy "seconds to" counts to) and args.data_path
-    (what every run gets as --data_path; "" for the digits)."""
+    --problem), args.out and args.target (the accuracy "seconds to" counts to). The data comes
+    later, from make_data, once the script has checked its own flags."""
     args = p.parse_args(argv)
     args.problem = getattr(args, "problem", "digits")
     if args.out is None:
         args.out = results_folder(args.problem)
     if getattr(args, "target", None) is None:  # a script's own --target wins
         args.target = TARGETS[args.problem]
-    try:
-        args.data_path = problems.data_path(args.problem)
-    except RuntimeError as e:
-        p.error(str(e))
     return args
+
+
+def make_data(args):
+    """Set args.data_path, what every run gets as --data_path: "" for the digits, the cached
+    MNIST-1D file for mnist1d, made now if it is not there (seconds). Call it after the
+    script's own flag checks, so that a wrong flag stops in one line before anything is made;
+    RuntimeError (in one line) where the data cannot be made."""
+    args.data_path = problems.data_path(args.problem)
 
 
 def results_folder(problem):

@@ -145,7 +145,8 @@ def main(argv=None, prog="pipeline.py"):
         if not args.from_logs:  # before any run: a machine that cannot fails in one line
             cluster.check_machine(needs_tc=False)
             cluster.check_cpus(args.stages, args.cpus)
-    except (ValueError, cluster.SetupError) as e:
+        example_runs.make_data(args)  # after every flag check: a wrong flag makes nothing
+    except (ValueError, RuntimeError, cluster.SetupError) as e:
         return command_line.error(str(e))
     started, results = time.time(), {}
     for i, m in enumerate(counts, 1):

@@ -150,7 +150,8 @@ def main(argv=None, prog="ps_sweep.py"):
         if not args.from_logs:  # before any run: a machine that cannot fails in one line
             cluster.check_machine(needs_tc=any(bits is not None for _, bits in rates))
             cluster.check_cpus(hosts, args.cpus)
-    except (ValueError, cluster.SetupError) as e:
+        example_runs.make_data(args)  # after every flag check: a wrong flag makes nothing
+    except (ValueError, RuntimeError, cluster.SetupError) as e:
         return command_line.error(str(e))
     who = os.path.splitext(prog)[0]
     labels = [label for label, _ in rates]

@@ -237,7 +237,8 @@ def main(argv=None, prog="scaling.py"):
             cluster.check_machine(needs_tc=any(bits is not None for _, bits in rates))
             most_hosts = max(counts) + 2  # the workers, a ps, and a coordinator
             cluster.check_cpus(most_hosts, args.cpus)
-    except (ValueError, cluster.SetupError) as e:
+        example_runs.make_data(args)  # after every flag check: a wrong flag makes nothing
+    except (ValueError, RuntimeError, cluster.SetupError) as e:
         return command_line.error(str(e))
     who = os.path.splitext(prog)[0]
     plan = [(e, n, label) for label, _ in rates for e in names for n in counts]

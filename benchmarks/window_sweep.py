@@ -167,7 +167,8 @@ def main(argv=None):
             rate = command_line.link_rate(args.bandwidth)
             if not args.from_logs:  # before any run: a machine that cannot fails in one line
                 cluster.check_machine(needs_tc=rate is not None)
-    except (ValueError, cluster.SetupError) as e:
+        example_runs.make_data(args)  # after every flag check: a wrong flag makes nothing
+    except (ValueError, RuntimeError, cluster.SetupError) as e:
         return command_line.error(str(e))
     plan = [(example, window) for example in examples for window in windows]
     results, started = {}, time.time()

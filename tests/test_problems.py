@@ -70,7 +70,9 @@ def test_a_failed_make_says_what_to_install_and_leaves_no_file(tmp_path, monkeyp
 def parsed(argv):
     p = example_runs.argparse_for("test.py", "a benchmark")
     example_runs.add_run_flags(p, problem=True)
-    return example_runs.parse_run_flags(p, argv)
+    args = example_runs.parse_run_flags(p, argv)
+    example_runs.make_data(args)
+    return args
 
 
 def test_problem_mnist1d_gives_every_run_the_cached_file_its_target_and_its_own_folder(

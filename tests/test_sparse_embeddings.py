@@ -162,7 +162,6 @@ def test_a_checkpoint_of_2_slices_restores_into_2_or_3_with_every_row_where_its_
     import tensorflow as tf
     module = load_train_module(EXAMPLE)
     ids = np.array([[u, 20 + 37 * u] for u in range(20)], dtype=np.int64)
-    clicks = np.zeros(20, dtype=np.float32)
     path = str(tmp_path / "tables.ckpt")
 
     def logits(slices, restore):
