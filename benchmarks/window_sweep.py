@@ -37,6 +37,7 @@ import time
 
 import cluster  # benchmarks/cluster.py: rates, and what a machine needs for --bandwidth
 import command_line  # link rates and the one-line error
+import problems  # --problem: the digits or MNIST-1D
 import published_tables  # the figures reach the READMEs only through here
 import example_runs  # how this benchmark runs an example and reads its metrics
 from example_runs import TARGET, mini_batches_per_sec, time_to_target
@@ -59,8 +60,9 @@ def train_args(example, window, learning_rate):
 
 
 def pushes_per_worker(metrics):
-    """The global step counts pushes: its mean share per worker."""
-    return metrics["global_step"] / metrics["workers"]
+    """The global step counts pushes, or rounds where a round takes one push from each of
+    replicas_to_aggregate workers (EASGD, DiLoCo): the mean number each worker sent."""
+    return metrics["global_step"] * metrics.get("replicas_to_aggregate", 1) / metrics["workers"]
 
 
 def parse_windows(text):
@@ -123,8 +125,9 @@ def plot(path, results, windows, settings):
         ax.set_ylabel(label)
     left.axhline(settings.get("target", TARGET), color="gray", linestyle=":", linewidth=1)
     left.legend()
+    names = ", ".join(results) if len(results) <= 3 else "%d examples" % len(results)
     fig.suptitle("%s, %d workers, learning rate %g (DOWNPOUR, SGD ps; ADAG), %s" % (
-        ", ".join(results), settings["workers"], settings["learning_rate"],
+        names, settings["workers"], settings["learning_rate"],
         "links at " + settings["bandwidth"]
         if settings["bandwidth"] else "localhost"))
     fig.tight_layout()
@@ -189,8 +192,9 @@ def main(argv=None):
                     bandwidth=None if args.bandwidth is None else command_line.format_rate(rate))
     table = write_table(os.path.join(args.out, "window_sweep.md"), results, windows, settings)
     print(table)
-    if example_runs.publishing(args, args.quick):
-        published_tables.publish("window_sweep.py", table, [published_tables.BENCHMARKS_README])
+    if example_runs.publishing(args, args.quick, published=problems.PROBLEMS):
+        published_tables.publish(example_runs.section("window_sweep.py", args), table,
+                                 [published_tables.BENCHMARKS_README])
     plot(os.path.join(args.out, "window_sweep.png"), results, windows, settings)
     print("\nwrote window_sweep.md and window_sweep.png to %s in %.0f s"
           % (args.out, time.time() - started), file=sys.stderr)

@@ -209,6 +209,13 @@ def test_the_window_sweep_table_has_a_row_per_example_and_window(tmp_path):
     assert "every task a host of its own, links at 20 Mbit/s" in networked
 
 
+def test_a_round_of_easgd_or_diloco_counts_one_push_from_every_worker_it_aggregates():
+    # the global step of a synchronous round counts rounds; an asynchronous one counts pushes
+    rounds = dict(global_step=125, workers=4, replicas_to_aggregate=4)
+    assert window_sweep.pushes_per_worker(rounds) == 125
+    assert window_sweep.pushes_per_worker(dict(global_step=503, workers=4)) == 125.75
+
+
 def test_downpour_gets_an_sgd_ps_at_the_workers_rate_and_adag_only_the_window():
     assert window_sweep.train_args("DOWNPOUR", 8, 0.1) == [
         "--window", "8", "--learning_rate", "0.1", "--ps_optimizer", "sgd",
