@@ -149,7 +149,7 @@ def run_example(example, workers, args, tag, train_args=(), bandwidth=None, who=
     common = ["--steps", str(args.steps), "--batch_size", str(args.batch_size),
               "--log_every", str(args.eval_every),
               "--seed", str(args.seed if seed is None else seed)]
-    if getattr(args, "data_path", ""):  # MNIST-1D; the examples' own Data stays the digits
+    if args.data_path:  # MNIST-1D (make_data set it); the examples' own Data stays the digits
         common += ["--data_path", args.data_path]
     common += list(train_args)
     own = ["--log_dir", tensorboard, "--metrics_file", metrics_path]
