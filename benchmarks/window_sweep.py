@@ -22,8 +22,8 @@ benchmarks/cluster.py, each task a host of its own behind links of that rate.
 
 Writes into --out:
   window_sweep.md    one row per example and window: final test accuracy, seconds to the
-                     problem's target (or not reached), mini-batches/s (all workers), pushes per worker (and with
-                     --bandwidth, bytes per mini-batch);
+                     problem's target (or not reached), mini-batches/s (all workers), pushes
+                     per worker (and with --bandwidth, bytes per mini-batch);
   window_sweep.png   final test accuracy and mini-batches/s against the window, both examples;
   logs/window_sweep-*  every run's output and metrics.
 
