@@ -23,7 +23,9 @@ On a real cluster the tasks do not start together: pods are scheduled one by one
 image first, and a pod that fails comes back under the same name. --stagger S starts each task
 after a random delay of up to S seconds (drawn with --seed, and printed), and --restart ROLE@T
 kills that task's process T seconds after the first start and starts it again at once, at the
-same address, as a pod's restart policy would.
+same address, as a pod's restart policy would. --restart ROLE@stepN does it once a task's
+progress line first reports global_step N or more (after every timed start and restart): a
+restart at a point of the training, however fast this machine trains.
 
 Everything after `--` goes to every train.py. Each task runs as
 `ip netns exec <namespace> python EXAMPLE/train.py ARGS`, configured only through TF_CONFIG, the
@@ -426,8 +428,12 @@ class Console(object):
                          r"|To enable the following instructions: "
                          r"|E[0-9]{4} .*(cuInit|cuda_)")
 
+    # a progress line's global step (train.py's plumbing prints one every --log_every steps)
+    GLOBAL_STEP = re.compile(r"\blocal_step=\d+ global_step=(\d+)")
+
     def __init__(self, verbose=False):
         self.verbose, self.lock = verbose, threading.Lock()
+        self.global_step = 0  # the highest any task has reported: what ROLE@stepN waits for
 
     def line(self, role, text):
         if not text.startswith("[%s] " % role):  # train.py labels its own lines already
@@ -444,6 +450,9 @@ class Console(object):
     def relay(self, role, stream):
         for raw in stream:
             text = raw.rstrip("\n")
+            reported = self.GLOBAL_STEP.search(text)
+            if reported:
+                self.global_step = max(self.global_step, int(reported.group(1)))
             if self.verbose or not self.CHATTER.match(text):
                 self.line(role, text)
 
@@ -520,10 +529,11 @@ def reap(tasks):
     return failed
 
 
-def supervise(tasks, console, deadline, keep_going, start, schedule):
+def supervise(tasks, console, deadline, keep_going, start, schedule, at_steps=()):
     """Start and restart the tasks as schedule says (start_schedule's events, with start(task)
-    to start one); wait for the tasks whose end is the run's end, then for the servers; return
-    the failures.
+    to start one), then restart them at the global steps of at_steps (step_schedule's, as
+    console reads the progress lines); wait for the tasks whose end is the run's end, then for
+    the servers; return the failures.
 
     The run ends with the workers, or with the coordinator (chief) where there is one; the
     others (the parameter servers, and a coordinator's workers) exit by themselves soon after.
@@ -532,22 +542,32 @@ def supervise(tasks, console, deadline, keep_going, start, schedule):
     killed to be restarted is not a failure: its new process is what counts.
     """
     failed, pending, first_start = [], list(schedule), time.time()
+    at_steps = list(at_steps)
     by_role = {t.role: t for t in tasks}
     leaders = [t for t in tasks if t.job == ending_job(t.job for t in tasks)]
+
+    def restart(task, when):
+        if not task.running():
+            console.say("restart %s %s: it has already ended (%s)"
+                        % (task.role, when, task.describe_exit()))
+            return
+        stop_tasks([task], signals=(signal.SIGKILL,))
+        console.say("restart %s %s: killed; starting it again" % (task.role, when))
+        start(task)
+
     while pending or any(t.running() for t in leaders):
         SIGNALS.check()
         failed += [t.describe_exit() for t in reap(tasks)]  # so an ended task is not restarted
         while pending and time.time() - first_start >= pending[0][0]:
             seconds, kind, role = pending.pop(0)
-            task = by_role[role]
             if kind == "restart":
-                if not task.running():
-                    console.say("restart %s at +%.0f s: it has already ended (%s)"
-                                % (role, seconds, task.describe_exit()))
-                    continue
-                stop_tasks([task], signals=(signal.SIGKILL,))
-                console.say("restart %s at +%.0f s: killed; starting it again" % (role, seconds))
-            start(task)
+                restart(by_role[role], "at +%.0f s" % seconds)
+            else:
+                start(by_role[role])
+        while not pending and at_steps and console.global_step >= at_steps[0][0]:
+            step, role = at_steps.pop(0)
+            restart(by_role[role], "at global step %d (+%.0f s)"
+                    % (step, time.time() - first_start))
         if failed and (not keep_going or any(f.startswith(("ps", "chief")) for f in failed)):
             console.say("failed: %s; stopping the cluster" % ", ".join(failed))
             return failed
@@ -555,6 +575,9 @@ def supervise(tasks, console, deadline, keep_going, start, schedule):
             console.say("the run timed out (--timeout); stopping the cluster")
             return failed + ["timeout"]
         time.sleep(POLL_SECS)
+    for step, role in at_steps:
+        console.say("restart %s at global step %d: not reached, the run ended first"
+                    % (role, step))
     # the servers exit by themselves once the run has ended; bound that wait
     servers_deadline = min(deadline, time.time() + PS_EXIT_SECS)
     while any(t.running() for t in tasks):
@@ -771,22 +794,46 @@ def check_train_args(train_args):
 
 def start_schedule(roles, stagger, seed, restarts):
     """When each task starts and restarts, in seconds after the first start: [(seconds, kind,
-    role)] in order, kind "start" or "restart". restarts: ROLE@T texts; a bad one raises
-    SetupError."""
+    role)] in order, kind "start" or "restart". restarts: ROLE@T texts (ROLE@stepN ones are
+    step_schedule's); a bad one raises SetupError."""
     rng = random.Random(seed)
     events = [(round(rng.uniform(0, stagger), 1) if stagger else 0.0, "start", role)
               for role in roles]
     for text in restarts:
-        role, _, at = text.partition("@")
-        try:
-            seconds = float(at)
-        except ValueError:
-            seconds = -1
-        if role not in roles or seconds < 0:
-            raise SetupError("--restart %s: give ROLE@SECONDS with ROLE one of %s, such as "
-                             "worker0@60" % (text, ", ".join(roles)))
-        events.append((seconds, "restart", role))
+        role, seconds, step = parse_restart(text, roles)
+        if step is None:
+            events.append((seconds, "restart", role))
     return sorted(events, key=lambda e: (e[0], e[1] == "restart"))
+
+
+def step_schedule(roles, restarts):
+    """The restarts at a global step, [(step, role)] in order of step, from the ROLE@stepN
+    texts of restarts; a bad text raises SetupError."""
+    events = []
+    for text in restarts:
+        role, _, step = parse_restart(text, roles)
+        if step is not None:
+            events.append((step, role))
+    return sorted(events)
+
+
+def parse_restart(text, roles):
+    """(role, seconds, step) from ROLE@SECONDS or ROLE@stepN (one of seconds and step is None);
+    SetupError if it names no task of the run or no time."""
+    role, _, at = text.partition("@")
+    seconds = step = None
+    try:
+        if at.startswith("step"):
+            step = int(at[len("step"):])
+        else:
+            seconds = float(at)
+    except ValueError:
+        pass
+    if role not in roles or not ((seconds is not None and seconds >= 0)
+                                 or (step is not None and step > 0)):
+        raise SetupError("--restart %s: give ROLE@SECONDS or ROLE@stepN with ROLE one of %s, "
+                         "such as worker0@60 or worker0@step2000" % (text, ", ".join(roles)))
+    return role, seconds, step
 
 
 def count(text):
@@ -838,7 +885,8 @@ def parser():
     p.add_argument("--seed", type=int, default=0, help="seed of --stagger's delays (default: 0)")
     p.add_argument("--restart", action="append", default=[], metavar="ROLE@T",
                    help="kill task ROLE (worker0, ps0) T seconds after the first task started, "
-                        "and start it again at once at the same address; may be repeated")
+                        "and start it again at once at the same address; ROLE@stepN: once a "
+                        "progress line reports global_step N or more; may be repeated")
     p.add_argument("--verbose", action="store_true", help="keep TensorFlow's start-up log lines")
     p.add_argument("--deployment", choices=("tfjob", "plain"), default=None,
                    help="run each task as its pod in deploy/manifests.py's manifest would run: "
@@ -909,12 +957,14 @@ def run_cluster(args, train_py, train_args, counts):
         before = {role: network.counters(role) for role in roles}
         deadline = time.time() + args.timeout
         schedule = start_schedule(roles, args.stagger, args.seed, args.restart)
+        at_steps = step_schedule(roles, args.restart)
         if args.stagger:
             console.say("staggered start (--seed %d): %s" % (args.seed, ", ".join(
                 "%s +%.1f s" % (role, at) for at, kind, role in schedule if kind == "start")))
         start = lambda task: start_task(task, network, cluster, train_py, train_args, console,
                                         pods.get(task.role), quotas)
-        failed = supervise(tasks, console, deadline, args.keep_going, start, schedule)
+        failed = supervise(tasks, console, deadline, args.keep_going, start, schedule,
+                           at_steps)
         stop_tasks(tasks)  # whatever still runs after a failure or a timeout
         after = {role: network.counters(role) for role in roles}
         status = 1 if failed else 0
