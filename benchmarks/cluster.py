@@ -25,7 +25,9 @@ after a random delay of up to S seconds (drawn with --seed, and printed), and --
 kills that task's process T seconds after the first start and starts it again at once, at the
 same address, as a pod's restart policy would. --restart ROLE@stepN does it once a task's
 progress line first reports global_step N or more (after every timed start and restart): a
-restart at a point of the training, however fast this machine trains.
+restart at a point of the training, however fast this machine trains. --restart_failed N starts
+a task that exits with an error again (N times in all), as the restart policy OnFailure does: a
+worker whose step hangs exits after train.py's --watchdog and comes back.
 
 Everything after `--` goes to every train.py. Each task runs as
 `ip netns exec <namespace> python EXAMPLE/train.py ARGS`, configured only through TF_CONFIG, the
@@ -529,7 +531,8 @@ def reap(tasks):
     return failed
 
 
-def supervise(tasks, console, deadline, keep_going, start, schedule, at_steps=()):
+def supervise(tasks, console, deadline, keep_going, start, schedule, at_steps=(),
+              restart_failed=0):
     """Start and restart the tasks as schedule says (start_schedule's events, with start(task)
     to start one), then restart them at the global steps of at_steps (step_schedule's, as
     console reads the progress lines); wait for the tasks whose end is the run's end, then for
@@ -539,7 +542,9 @@ def supervise(tasks, console, deadline, keep_going, start, schedule, at_steps=()
     others (the parameter servers, and a coordinator's workers) exit by themselves soon after.
     A failed task stops the cluster, unless keep_going: then only a failed ps or coordinator
     does (nothing can go on without it), and the other workers finish, as with run.sh. A task
-    killed to be restarted is not a failure: its new process is what counts.
+    killed to be restarted is not a failure: its new process is what counts. restart_failed: how
+    many times in all a task that fails is started again instead, as a restart policy of
+    OnFailure would (a worker's watchdog exits when its step hangs, for this).
     """
     failed, pending, first_start = [], list(schedule), time.time()
     at_steps = list(at_steps)
@@ -557,7 +562,15 @@ def supervise(tasks, console, deadline, keep_going, start, schedule, at_steps=()
 
     while pending or any(t.running() for t in leaders):
         SIGNALS.check()
-        failed += [t.describe_exit() for t in reap(tasks)]  # so an ended task is not restarted
+        for task in reap(tasks):  # reaped first, so that an ended task is not restarted
+            if restart_failed > 0:
+                restart_failed -= 1
+                console.say("%s failed: starting it again (--restart_failed: %d more)"
+                            % (task.describe_exit(), restart_failed))
+                task.code = None
+                start(task)
+            else:
+                failed.append(task.describe_exit())
         while pending and time.time() - first_start >= pending[0][0]:
             seconds, kind, role = pending.pop(0)
             if kind == "restart":
@@ -887,6 +900,10 @@ def parser():
                    help="kill task ROLE (worker0, ps0) T seconds after the first task started, "
                         "and start it again at once at the same address; ROLE@stepN: once a "
                         "progress line reports global_step N or more; may be repeated")
+    p.add_argument("--restart_failed", type=int, default=0, metavar="N",
+                   help="start a task that exits with an error again, N times in all at most, "
+                        "as a pod's restart policy OnFailure would (default: 0, a failed task "
+                        "fails the run)")
     p.add_argument("--verbose", action="store_true", help="keep TensorFlow's start-up log lines")
     p.add_argument("--deployment", choices=("tfjob", "plain"), default=None,
                    help="run each task as its pod in deploy/manifests.py's manifest would run: "
@@ -907,6 +924,8 @@ def main(argv=None):
         check_train_args(train_args)
         if args.stagger < 0:
             raise SetupError("--stagger must be 0 or more seconds, got %g" % args.stagger)
+        if args.restart_failed < 0:
+            raise SetupError("--restart_failed must be 0 or more, got %d" % args.restart_failed)
         start_schedule([Task(job, i).role for job, n in counts.items() for i in range(n)],
                        args.stagger, args.seed, args.restart)  # a bad --restart fails here
         if args.cpus:  # refuses, before anything is made, what this machine cannot give
@@ -964,7 +983,7 @@ def run_cluster(args, train_py, train_args, counts):
         start = lambda task: start_task(task, network, cluster, train_py, train_args, console,
                                         pods.get(task.role), quotas)
         failed = supervise(tasks, console, deadline, args.keep_going, start, schedule,
-                           at_steps)
+                           at_steps, args.restart_failed)
         stop_tasks(tasks)  # whatever still runs after a failure or a timeout
         after = {role: network.counters(role) for role in roles}
         status = 1 if failed else 0
