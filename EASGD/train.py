@@ -186,23 +186,77 @@ def sync_round(session, fetches, args, name):
 
 
 # >>> shared: sync replicas start
-def start_sync_replicas(session, optimizer, is_chief):
-    """Set a new session up for a SyncReplicasOptimizer, as its session hook would: this worker's
-    local step and, on the chief, the thread that applies each aggregated step and hands out its
-    tokens. No tokens at the start (the hook's num_tokens=0): no worker may start before the
-    first step is aggregated, so the chief cannot race ahead alone while the others start.
-    Worker.new_session calls this on every new session, again after a restart. Unlike the hook's
-    queue runner, the thread never closes the token queue when it stops: after a ps restart,
-    that close (a new graph on the lost session) would reach the new ps's queue by its name and
-    end every worker's run with an OutOfRangeError. The lost session's thread ends with it."""
-    # the hook's check that the variables are ready, made already by Worker.new_session: marked
-    # used, or TensorFlow logs an error that it never was when the process ends
-    optimizer.ready_for_local_init_op.mark_used()
-    session.run(optimizer.chief_init_op if is_chief else optimizer.local_step_init_op)
-    if is_chief:
-        apply_steps = optimizer.get_chief_queue_runner().enqueue_ops[0]  # waits for N gradients
-        threading.Thread(target=run_until_it_fails, args=(session, apply_steps),
-                         daemon=True).start()
+class SyncReplicasStart(object):
+    """Sets a new session up for a SyncReplicasOptimizer, as its session hook would: this
+    worker's local step and, on the chief, the thread that applies each aggregated step and
+    hands out its tokens. Made with the graph (before Worker.start finalises it); Worker.start
+    calls it on every new session, again after a restart. No tokens at the start (the hook's
+    num_tokens=0): no worker may start before the first step is aggregated, so the chief cannot
+    race ahead alone while the others start. Unlike the hook's queue runner, the thread never
+    closes the token queue when it stops: after a ps restart, that close (a new graph on the
+    lost session) would reach the new ps's queue by its name and end every worker's run with
+    an OutOfRangeError. The lost session's thread ends with it.
+
+    A chief that restarts while the ps keeps the variables repairs the round first. A round is
+    one take from each variable's accumulator, then the update, and a killed chief can leave it
+    half done: some accumulators taken (their step one ahead), the others holding a gradient,
+    no update, no tokens; the workers then wait for tokens for ever, and a chief that only set
+    every accumulator's step back (the hook's chief_init_op) waits for gradients that never
+    come. So the chief drops that round: the accumulators' gradients and the queue's tokens
+    go, the global step moves on by one, and each other worker gets a token of the new step.
+    A worker that was waiting sends its next gradient to it; one that was not finds a spare
+    token, and its next gradient is dropped as stale (the accumulators count steps): a spare
+    token costs a mini-batch, a missing one would stop the run. (It reads the optimizer's
+    accumulators and token queue, which SyncReplicasOptimizer keeps to itself.)"""
+
+    def __init__(self, optimizer, workers, is_chief):
+        self.optimizer, self.is_chief = optimizer, is_chief
+        if not is_chief:
+            return
+        global_step, queue = optimizer._global_step, optimizer._sync_token_queue
+        self.skip, self.counts, self.empty = [], [], []
+        for accumulator, device in optimizer._accumulator_list:
+            with tf.compat.v1.device(device):  # where the accumulator is
+                self.skip.append(accumulator.set_global_step(global_step + 1))
+                self.counts.append(accumulator.num_accumulated())
+                self.empty.append(accumulator.take_grad(1))  # every gradient it holds
+        with tf.compat.v1.device(global_step.device):
+            self.tokens_left, self.take_token = queue.size(), queue.dequeue()
+            self.next_step = global_step.assign_add(1, read_value=False)
+        self.hand_out = optimizer.get_init_tokens_op(workers - 1)  # none for one worker
+
+    def __call__(self, session, kept_variables):
+        """kept_variables: the chief found the variables on the ps (Worker.kept_variables)."""
+        optimizer = self.optimizer
+        # the hook's check that the variables are ready, made already by Worker.new_session:
+        # marked used, or TensorFlow logs an error that it never was when the process ends
+        optimizer.ready_for_local_init_op.mark_used()
+        if self.is_chief and kept_variables:
+            self.drop_the_round(session)
+        session.run(optimizer.chief_init_op if self.is_chief else optimizer.local_step_init_op)
+        if self.is_chief:
+            if kept_variables:
+                session.run(self.hand_out)
+            apply_steps = optimizer.get_chief_queue_runner().enqueue_ops[0]  # waits for N
+            threading.Thread(target=run_until_it_fails, args=(session, apply_steps),
+                             daemon=True).start()
+
+    def drop_the_round(self, session):
+        """The repair: the round at the global step dropped, the step one on (the docstring)."""
+        step = session.run(self.optimizer._global_step)
+        now = tf.compat.v1.RunOptions(timeout_in_ms=5000)  # nothing here waits for a worker
+        session.run(self.skip)  # from here on a gradient of this step is stale
+        for count, empty in zip(self.counts, self.empty):
+            if session.run(count) > 0:
+                session.run(empty, options=now)
+        try:
+            while session.run(self.tokens_left) > 0:  # a waiting worker may take one first
+                session.run(self.take_token, options=now)
+        except tf.errors.DeadlineExceededError:
+            pass
+        session.run(self.next_step)
+        print("[worker0] the round at global step %d is dropped: a restart may have left it "
+              "half done; every worker goes on at step %d" % (step, step + 1), flush=True)
 
 
 def run_until_it_fails(session, op):
@@ -229,9 +283,9 @@ def train(args, cluster, server, data):
     n = easgd.replicas_to_aggregate
     worker = Worker(args, cluster, lambda x, y: model_metrics(easgd.centre, x, y),
                     (data.x_test, data.y_test), steps_per_update=args.window)
+    start = SyncReplicasStart(easgd.optimizer, len(cluster["worker"]), worker.is_chief)
     session = worker.start(server, wait_for_everyone=True,  # every round needs every worker
-                           each_session=lambda s: start_sync_replicas(
-                               s, easgd.optimizer, worker.is_chief))  # again after a restart
+                           each_session=lambda s: start(s, worker.kept_variables))
     while worker.step < math.ceil(args.steps / (n * args.window)):  # the global step counts rounds
         for _ in range(args.window):  # on this worker alone: no network traffic
             loss = session.run(easgd.local_step)
@@ -641,6 +695,9 @@ class Worker(object):
         self.has_record = tf.compat.v1.is_variable_initialized(self.started)
         self.has_record.mark_used()  # a worker may never run it: no "never used" error at exit
         self.local_steps, self.history = 0, []
+        # the chief's last new session found the variables on the ps: it (or its session) was
+        # restarted, the ps was not (a synchronous example's start-up reads it)
+        self.kept_variables = False
 
     def start(self, server, wait_for_everyone=False, each_session=None):
         """The session, once the variables on the ps are ready; with wait_for_everyone (a
@@ -692,7 +749,8 @@ class Worker(object):
                     session.run(initializer)
             if record_lost and self.record_seen is not None:  # ps 0 restarted: the record back
                 session.run(self.write_back, dict(zip(self.record_fed, self.record_seen)))
-            if len(session.run(self.not_ready)) > 0:  # a new run, or the ps restarted
+            self.kept_variables = len(session.run(self.not_ready)) == 0
+            if not self.kept_variables:  # a new run, or the ps restarted
                 checkpoint = tf.train.latest_checkpoint(args.log_dir)
                 if checkpoint:
                     self.saver.restore(session, checkpoint)

@@ -594,6 +594,9 @@ class Worker(object):
         self.has_record = tf.compat.v1.is_variable_initialized(self.started)
         self.has_record.mark_used()  # a worker may never run it: no "never used" error at exit
         self.local_steps, self.history = 0, []
+        # the chief's last new session found the variables on the ps: it (or its session) was
+        # restarted, the ps was not (a synchronous example's start-up reads it)
+        self.kept_variables = False
 
     def start(self, server, wait_for_everyone=False, each_session=None):
         """The session, once the variables on the ps are ready; with wait_for_everyone (a
@@ -645,7 +648,8 @@ class Worker(object):
                     session.run(initializer)
             if record_lost and self.record_seen is not None:  # ps 0 restarted: the record back
                 session.run(self.write_back, dict(zip(self.record_fed, self.record_seen)))
-            if len(session.run(self.not_ready)) > 0:  # a new run, or the ps restarted
+            self.kept_variables = len(session.run(self.not_ready)) == 0
+            if not self.kept_variables:  # a new run, or the ps restarted
                 checkpoint = tf.train.latest_checkpoint(args.log_dir)
                 if checkpoint:
                     self.saver.restore(session, checkpoint)

@@ -2,12 +2,15 @@
 import os
 import subprocess
 import sys
+import threading
+import time
 
 import numpy as np
 import pytest
 
 from support.examples import ACCURACY_BAR, error_lines, example_dir, load_train_module, run_train
-from support.in_process import all_at_once, flags, gradient_reference, sync_workers, values
+from support.in_process import (all_at_once, flags, gradient_reference, sync_workers, values,
+                                worker_sessions)
 from support.processes import assert_nothing_left, free_ports
 from support.runs import kill_mid_run
 
@@ -42,6 +45,43 @@ def test_a_step_applies_n_times_the_learning_rate_times_the_mean_gradient():
     for name, value in values(sessions[0], ops[0].global_params).items():
         mean = (gradients[0][name] + gradients[1][name]) / 2
         assert np.abs(mean).max() > 1e-4, name
+        np.testing.assert_allclose(value, before[name] - 2 * 0.1 * mean, rtol=1e-4, atol=1e-6,
+                                   err_msg=name)
+
+
+@pytest.mark.rule
+def test_a_restarted_chief_drops_the_round_its_predecessor_left_half_done():
+    # what a chief killed inside a round left on the ps in the restart runs: one variable's
+    # accumulator taken (its step one ahead), the others holding worker 1's gradient, no update
+    # and no token for worker 1, which waits. Setting the accumulators' step back (the hook's
+    # set-up) left the run waiting for ever; the restarted chief drops the round instead, hands
+    # worker 1 a token of the next step, and the round after it is every worker's again.
+    (chief, chief_session, start), (worker, worker_session, worker_start) = worker_sessions(
+        sync_sgd, sync_sgd.build_sync_sgd, 2, "--learning_rate", "0.1",
+        extra=lambda args, ops: sync_sgd.SyncReplicasStart(ops.optimizer, 2, args.task_index == 0))
+    initial = values(chief_session, chief.global_params)
+    worker_start(worker_session, kept_variables=False)
+    tokens = []
+    sent = threading.Thread(target=lambda: tokens.append(worker_session.run(worker.train_op)),
+                            daemon=True)
+    sent.start()  # worker 1's gradient of step 0; then it waits for a token
+    deadline = time.time() + 30
+    while chief_session.run(start.counts) != [1, 1, 1, 1] and time.time() < deadline:
+        time.sleep(0.1)
+    chief_session.run(start.empty[-1])  # the last accumulator taken, as the killed chief left it
+    start(chief_session, kept_variables=True)  # the restarted chief's set-up
+    sent.join(timeout=30)
+    assert not sent.is_alive(), "worker 1 got no token after the chief's restart"
+    assert tokens == [1] and chief_session.run(chief.global_step) == 1
+    assert chief_session.run(start.counts) == [0, 0, 0, 0]  # nothing of the dropped round left
+    before = values(chief_session, chief.global_params)
+    for name in initial:  # the dropped round updated nothing
+        np.testing.assert_array_equal(before[name], initial[name], err_msg=name)
+    gradients = [gradient_reference(sync_sgd, before, seed=k) for k in (0, 1)]
+    all_at_once([chief_session, worker_session], [chief.train_op, worker.train_op])
+    assert chief_session.run(chief.global_step) == 2
+    for name, value in values(chief_session, chief.global_params).items():
+        mean = (gradients[0][name] + gradients[1][name]) / 2  # both workers', nothing stale
         np.testing.assert_allclose(value, before[name] - 2 * 0.1 * mean, rtol=1e-4, atol=1e-6,
                                    err_msg=name)
 

@@ -55,7 +55,7 @@ def worker_config(task_index):
 def sync_workers(build, args_per_worker):
     """Workers of a SyncReplicasOptimizer algorithm (Sync-SGD, EASGD, DiLoCo: build, the
     module's build function) on a real in-process cluster, each on its own fixed batch, each
-    session set up by the module's start_sync_replicas, as Worker.new_session does (the chief's
+    session set up by the module's SyncReplicasStart, as Worker.new_session does (the chief's
     aggregation thread included). Returns (ops, sessions), one per worker."""
     import tensorflow as tf
     cluster, servers = in_process_cluster(num_workers=len(args_per_worker))
@@ -63,13 +63,15 @@ def sync_workers(build, args_per_worker):
     for k, (server, args) in enumerate(zip(servers, args_per_worker)):
         with tf.Graph().as_default() as graph:
             ops = build(args, cluster, *fixed_batch(seed=k))
+            start = build.__globals__["SyncReplicasStart"](  # its module's
+                ops.optimizer, len(args_per_worker), k == 0)
             init = [tf.compat.v1.global_variables_initializer(),
                     tf.compat.v1.local_variables_initializer()]
         session = tf.compat.v1.Session(server.target, graph=graph, config=worker_config(k))
         if k == 0:
             session.run(init[0])
         session.run(init[1])
-        build.__globals__["start_sync_replicas"](session, ops.optimizer, k == 0)  # its module's
+        start(session, kept_variables=False)  # a new run's start
         all_ops.append(ops)
         sessions.append(session)
     return all_ops, sessions
