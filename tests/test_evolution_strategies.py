@@ -9,7 +9,6 @@ import time
 import numpy as np
 import pytest
 
-from support.checks import assert_a_killed_worker_does_not_hang_the_others
 from support.examples import error_lines, example_dir, load_train_module
 from support.in_process import in_process_cluster, worker_config
 from support.processes import assert_nothing_left
@@ -235,9 +234,10 @@ def test_a_worker_that_starts_late_labels_its_pairs_with_its_thetas_generation_a
     assert theta_of(es0, chief).tobytes() == theta_of(es1, late).tobytes()
 
 
-def test_a_restarted_worker_is_refused_in_one_line_and_the_chief_trains_on(tmp_path):
-    # its copy of theta and its generation are gone, and the start message it took is spent:
-    # it cannot rejoin exactly, so it says so instead of training on a theta of its own
+def test_a_killed_worker_costs_one_bounded_wait_and_restarted_is_refused_in_one_line(tmp_path):
+    # killed, worker 1 costs the chief one --generation_timeout wait, and the chief trains on.
+    # Restarted, its copy of theta and its generation are gone, and the start message it took
+    # is spent: it cannot rejoin exactly, so it says so instead of training on a theta of its own
     # --steps 2000: the chief's 1000 generations outlast the restarted worker's start-up
     proc = start_example(EXAMPLE, ["--log_dir", str(tmp_path / "logs"), "--log_every", "50",
                                    "--steps", "2000"])
@@ -257,9 +257,13 @@ def test_a_restarted_worker_is_refused_in_one_line_and_the_chief_trains_on(tmp_p
     assert error_lines(again.stderr) == [
         "error: worker1: Evolution-Strategies cannot take a restarted worker back into a run "
         "in progress; start the whole run again"]
-    assert run.code == 1, run.output[-3000:]  # run.sh names the lost worker
+    assert run.code == 1, run.output[-3000:]
     summary = run.summary()
+    # every generation was closed, and the chief waited for the lost worker once or so
     assert summary["lost_workers"] == "1" and summary["global_step"] == "1000", summary
+    assert 1 <= int(summary["short_generations"]) <= 3, summary
+    assert "[worker0] worker(s) 1 failed or were lost" in run.output
+    assert "[run.sh] failed: worker1 (exit 137)" in run.output  # run.sh names the lost worker
     assert_nothing_left(str(tmp_path))
 
 
@@ -302,13 +306,6 @@ def test_a_rerun_resumes_from_the_chiefs_checkpoint_with_every_copy_alike(run_ex
     assert len(set(checksums(second).values())) == 1, checksums(second)
     # 100 more generations with Adam's moments restarted: a bounded loss, not a gain
     assert float(summary["test_accuracy"]) > float(first.summary()["test_accuracy"]) - 0.05
-
-
-def test_a_killed_worker_costs_one_bounded_wait_and_the_chief_trains_on(tmp_path):
-    summary = assert_a_killed_worker_does_not_hang_the_others(EXAMPLE, tmp_path,
-                                                              min_global_step=1500)
-    assert summary["global_step"] == "1500"  # --steps 3000: every generation was closed
-    assert 1 <= int(summary["short_generations"]) <= 3, summary  # waited for it once or so
 
 
 def test_an_odd_population_or_a_zero_sigma_is_refused_in_one_line():
