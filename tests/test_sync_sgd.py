@@ -130,7 +130,7 @@ def test_the_chief_does_not_train_alone_while_another_worker_starts(tmp_path):
 
 
 def straggler_run(run_example, backup_workers):
-    run = run_example("Sync-SGD", "--steps", "60", "--backup_workers", str(backup_workers),
+    run = run_example("Sync-SGD", "--steps", "36", "--backup_workers", str(backup_workers),
                       "--straggler_delay", "0.5", "--log_every", "1000",
                       env={"NUM_WORKERS": "3"}, timeout=180)
     assert run.code == 0, run.output[-3000:]
