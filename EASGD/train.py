@@ -244,19 +244,25 @@ class SyncReplicasStart(object):
     def drop_the_round(self, session):
         """The repair: the round at the global step dropped, the step one on (the docstring)."""
         step = session.run(self.optimizer._global_step)
-        now = tf.compat.v1.RunOptions(timeout_in_ms=5000)  # nothing here waits for a worker
         session.run(self.skip)  # from here on a gradient of this step is stale
         for count, empty in zip(self.counts, self.empty):
             if session.run(count) > 0:
-                session.run(empty, options=now)
-        try:
-            while session.run(self.tokens_left) > 0:  # a waiting worker may take one first
-                session.run(self.take_token, options=now)
-        except tf.errors.DeadlineExceededError:
-            pass
+                self.at_once(session, empty)
+        while session.run(self.tokens_left) > 0 and self.at_once(session, self.take_token):
+            pass  # (a waiting worker may take the last token first)
         session.run(self.next_step)
         print("[worker0] the round at global step %d is dropped: a restart may have left it "
               "half done; every worker goes on at step %d" % (step, step + 1), flush=True)
+
+
+    @staticmethod
+    def at_once(session, op):
+        """Run op, which waits only if another took what it was to take: False after 5 s."""
+        try:
+            session.run(op, options=tf.compat.v1.RunOptions(timeout_in_ms=5000))
+            return True
+        except tf.errors.DeadlineExceededError:
+            return False
 
 
 def run_until_it_fails(session, op):

@@ -140,7 +140,7 @@ MUTATIONS = [
              "Sync-SGD/train.py", "            self.drop_the_round(session)\n",
              "            pass\n", "tests/test_sync_sgd.py", RULE),
     Mutation("Sync-SGD: a restarted chief leaves the dropped round's gradients in",
-             "Sync-SGD/train.py", "                session.run(empty, options=now)\n",
+             "Sync-SGD/train.py", "                self.at_once(session, empty)\n",
              "                pass\n", "tests/test_sync_sgd.py", RULE),
     Mutation("MultiWorkerMirroredStrategy: learning rate without x N",
              "MultiWorkerMirroredStrategy/train.py",
