@@ -277,7 +277,6 @@ class SyncReplicasStart(object):
         print("[worker0] the round at global step %d is dropped: a restart may have left it "
               "half done; every worker goes on at step %d" % (step, step + 1), flush=True)
 
-
     @staticmethod
     def at_once(session, op):
         """Run op, which waits only if another took what it was to take: False after 5 s."""

@@ -68,6 +68,7 @@ def test_a_restarted_chief_drops_the_round_its_predecessor_left_half_done():
     deadline = time.time() + 30
     while chief_session.run(start.counts) != [1, 1, 1, 1] and time.time() < deadline:
         time.sleep(0.1)
+    assert chief_session.run(start.counts) == [1, 1, 1, 1], "worker 1's gradient never arrived"
     chief_session.run(start.empty[-1])  # the last accumulator taken, as the killed chief left it
     start(chief_session, kept_variables=True)  # the restarted chief's set-up
     sent.join(timeout=30)
