@@ -2,8 +2,11 @@
 module imports them from there, never from here)."""
 import pytest
 
+from support.examples import skip_keras_at_import
 from support.processes import assert_nothing_left
 from support.runs import DefaultRuns, run_example as run_example_in
+
+skip_keras_at_import()  # before any test imports TensorFlow (support/examples.py says why)
 
 
 @pytest.fixture

@@ -95,15 +95,17 @@ WATCHDOG = 60  # seconds without a step before a worker exits (train.py's --watc
 @needs_namespaces
 @pytest.mark.timeout(340)
 @pytest.mark.parametrize("example,seed,last,restarts,train_args", [
-    ("Hogwild", 0, "ps0", ["worker0@step2000", "ps0@step8000"], ["--steps", "14000"]),
-    # DOWNPOUR's global step counts pushes, a window of 5 mini-batches each: 4000 in all
-    ("DOWNPOUR", 7, "worker1", ["worker1@step1500"], ["--steps", "20000"]),
-    # Sync-SGD's counts rounds, a mini-batch of each worker each: 8000 in all. A round waits
-    # --step_timeout for a restarted worker, which may take a while to load; the restarted
-    # chief drops the round its predecessor may have left half done, and starts the token
-    # thread again
-    ("Sync-SGD", 7, "worker1", ["worker1@step1000", "worker0@step3000", "ps0@step5000"],
-     ["--steps", "16000", "--step_timeout", "120"]),
+    # the other worker trains on while the chief restarts: 3000 steps leave the chief time to
+    # rejoin before the ps goes; after it the run goes on from the chief's last checkpoint
+    ("Hogwild", 0, "ps0", ["worker0@step2000", "ps0@step5000"], ["--steps", "8000"]),
+    # DOWNPOUR's global step counts pushes, a window of 5 mini-batches each: 2400 in all
+    ("DOWNPOUR", 7, "worker1", ["worker1@step1000"], ["--steps", "12000"]),
+    # Sync-SGD's counts rounds, a mini-batch of each worker each: 4000 in all. A round waits
+    # --step_timeout for a restarted worker, which may take a while to load (no round passes
+    # meanwhile); the restarted chief drops the round its predecessor may have left half done,
+    # and starts the token thread again
+    ("Sync-SGD", 7, "worker1", ["worker1@step1000", "worker0@step2000", "ps0@step3000"],
+     ["--steps", "8000", "--step_timeout", "120"]),
 ])
 def test_tasks_that_restart_rejoin_and_the_run_trains_to_the_bar(
         example, seed, last, restarts, train_args, tmp_path):

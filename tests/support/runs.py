@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from support.examples import environment_without_tf_config, example_dir
+from support.examples import USERS_ENVIRONMENT, environment_without_tf_config, example_dir
 from support.processes import assert_nothing_left, free_ports, interruptible
 
 
@@ -46,8 +46,9 @@ class Run(object):
 
 
 def start_example(example, args, env=None):
-    """Start bash run.sh in its own session, so a test can always stop all of it."""
-    full_env = dict(os.environ, **(env or {}))
+    """Start bash run.sh in its own session, so a test can always stop all of it. env: values to
+    set in this process's environment for it (None: to remove)."""
+    full_env = {k: v for k, v in dict(os.environ, **(env or {})).items() if v is not None}
     return subprocess.Popen(["bash", os.path.join(example_dir(example), "run.sh")] + list(args),
                             cwd=example_dir(example), env=full_env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True,
@@ -90,7 +91,8 @@ class DefaultRuns(object):
     """Each example's run.sh with its defaults, run the first time a test asks for it and kept
     for every later test of the session: runs[example]. The run also writes --metrics_file
     (run.metrics_file). runs.short(example) is a short run of the same kind, for the quick tier:
-    its first SHORT_STEPS mini-batches, kept apart from the whole run.
+    its first SHORT_STEPS mini-batches, kept apart from the whole run. Both run in the
+    environment a user has (USERS_ENVIRONMENT: TensorFlow loads Keras, as it does for users).
 
     Under pytest-xdist every worker process has a session of its own: the first worker to ask
     for a run makes it, holding a lock on it, and leaves it on disk for the others, so that
@@ -122,7 +124,7 @@ class DefaultRuns(object):
                     folder.mkdir()
                     metrics_file = str(folder / "metrics.json")
                     run = run_example(example, folder, "--metrics_file", metrics_file, *args,
-                                      timeout=240)
+                                      env=USERS_ENVIRONMENT, timeout=240)
                     saved.write_text(json.dumps(dict(
                         code=run.code, lines=run.lines, seconds=run.seconds,
                         log_dir=run.log_dir, metrics_file=metrics_file)))
