@@ -11,7 +11,7 @@ import pytest
 
 from support.examples import ACCURACY_BAR
 from support.processes import assert_nothing_left
-from support.runs import finish, kill_mid_run, read_until, start_example
+from support.runs import finish, kill_mid_run, read_until, start_example, started_pid
 
 
 # --- Training end to end through run.sh -----------------------------------------------------------
@@ -111,7 +111,7 @@ def test_a_lost_parameter_server_stops_the_run_in_one_line_per_worker(tmp_path):
     proc = start_example("Distributed-Setup", ["--log_dir", str(tmp_path / "logs"),
                                                "--steps", "100000", "--log_every", "50"])
     seen = read_until(proc, "[worker0] local_step=", timeout=120)
-    os.kill(int(seen.split("started ps0 pid=")[1].split()[0]), signal.SIGKILL)
+    os.kill(started_pid(seen, "ps0"), signal.SIGKILL)
     killed_at = time.time()
     run = finish(proc, timeout=60)
     assert run.code == 1 and time.time() - killed_at < 40, run.output[-3000:]

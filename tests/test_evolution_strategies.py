@@ -12,7 +12,7 @@ import pytest
 from support.examples import error_lines, example_dir, load_train_module
 from support.in_process import in_process_cluster, worker_config
 from support.processes import assert_nothing_left
-from support.runs import finish, read_until, start_example
+from support.runs import finish, read_until, start_example, started_pid
 
 EXAMPLE = "Evolution-Strategies"
 OPTIMUM = np.array([1.0, -2.0, 0.5], np.float32)  # the quadratic fitness's known maximum
@@ -243,7 +243,7 @@ def test_a_killed_worker_costs_one_bounded_wait_and_restarted_is_refused_in_one_
                                    "--steps", "2000"])
     try:
         seen = read_until(proc, "[worker1] local_step=", timeout=120)
-        pid = int(seen.split("started worker1 pid=")[1].split()[0])
+        pid = started_pid(seen, "worker1")
         with open("/proc/%d/cmdline" % pid) as f:
             command = f.read().split("\0")[:-1]
         os.kill(pid, signal.SIGKILL)

@@ -12,7 +12,7 @@ import pytest
 from support.examples import error_lines, load_train_module, run_train
 from support.in_process import fixed_batch, gradient_reference, values
 from support.processes import assert_nothing_left, free_ports
-from support.runs import finish, read_until, start_example, summary_of
+from support.runs import finish, read_until, start_example, started_pid, summary_of
 
 EXAMPLE = "In-Graph-Replication"
 
@@ -195,7 +195,7 @@ def test_a_lost_worker_ends_the_client_in_one_line_and_nothing_is_left(tmp_path)
     proc = start_example(EXAMPLE, ["--log_dir", str(tmp_path / "logs"), "--steps", "1000000",
                                    "--log_every", "50", "--step_timeout", "10"])
     seen = read_until(proc, "[worker0] global_step=", timeout=120)
-    os.kill(int(seen.split("started worker1 pid=")[1].split()[0]), signal.SIGKILL)
+    os.kill(started_pid(seen, "worker1"), signal.SIGKILL)
     killed_at = time.time()
     run = finish(proc, timeout=60)
     assert run.code == 1, run.output[-3000:]

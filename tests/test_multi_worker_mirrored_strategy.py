@@ -12,7 +12,7 @@ from support.examples import (ACCURACY_BAR, error_lines, load_train_module,
                               run_train_noting_tensorflow)
 from support.in_process import flags
 from support.processes import assert_nothing_left, free_ports
-from support.runs import finish, read_until, start_example
+from support.runs import finish, read_until, start_example, started_pid
 from support.strategies import assert_one_sgd_step_of, one_strategy_step
 
 EXAMPLE = "MultiWorkerMirroredStrategy"
@@ -48,7 +48,7 @@ def test_a_killed_worker_stops_the_other_in_one_line_and_a_rerun_resumes(tmp_pat
     proc = start_example(EXAMPLE, ["--log_dir", log_dir, "--steps", "40000", "--log_every",
                                    "100"])
     seen = read_until(proc, "[worker0] global_step=200 ", timeout=180)
-    os.kill(int(seen.split("started worker1 pid=")[1].split()[0]), signal.SIGKILL)
+    os.kill(started_pid(seen, "worker1"), signal.SIGKILL)
     killed_at = time.time()
     run = finish(proc, timeout=60)
     assert run.code == 1 and time.time() - killed_at < 30
@@ -78,7 +78,7 @@ def test_a_sigterm_saves_a_checkpoint_at_one_step_on_every_worker_and_the_rerun_
     proc = start_example(EXAMPLE, ["--log_dir", log_dir, "--steps", "40000", "--log_every",
                                    "100"])
     seen = read_until(proc, "[worker0] global_step=200 ", timeout=180)
-    os.kill(int(seen.split("started %s pid=" % victim)[1].split()[0]), signal.SIGTERM)
+    os.kill(started_pid(seen, victim), signal.SIGTERM)
     run = finish(proc, timeout=60)
     stopped = {l.split("]")[0][1:]: int(l.split("at global step ")[1].split(":")[0])
                for l in run.output.splitlines() if "stopped by SIGTERM at global step" in l}

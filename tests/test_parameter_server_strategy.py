@@ -11,7 +11,7 @@ import pytest
 from support.examples import (ACCURACY_BAR, error_lines, load_train_module, run_train,
                               run_train_noting_tensorflow)
 from support.processes import assert_nothing_left, free_ports
-from support.runs import finish, read_until, start_example
+from support.runs import finish, read_until, start_example, started_pid
 from support.strategies import assert_one_sgd_step_of, one_strategy_step
 
 EXAMPLE = "ParameterServerStrategy"
@@ -63,7 +63,7 @@ def test_with_two_ps_the_large_variable_is_split_over_both(run_example):
 def test_a_killed_worker_does_not_stop_the_coordinator(tmp_path):
     proc = start_example(EXAMPLE, ["--log_dir", str(tmp_path / "logs"), "--steps", "6000"])
     seen = read_until(proc, "[chief0] global_step=", timeout=120)
-    os.kill(int(seen.split("started worker1 pid=")[1].split()[0]), signal.SIGKILL)
+    os.kill(started_pid(seen, "worker1"), signal.SIGKILL)
     run = finish(proc, timeout=180)
     summary = run.summary()  # the other worker did the rest
     assert summary["global_step"] == "6000" and summary["lost_workers"] == "1"
@@ -105,7 +105,7 @@ def test_with_every_worker_killed_the_coordinator_ends_the_run_in_one_line(tmp_p
                                    "--connect_timeout", "10"])
     seen = read_until(proc, "[chief0] global_step=", timeout=120)
     for worker in ("worker0", "worker1"):
-        os.kill(int(seen.split("started %s pid=" % worker)[1].split()[0]), signal.SIGKILL)
+        os.kill(started_pid(seen, worker), signal.SIGKILL)
     killed_at = time.time()
     run = finish(proc, timeout=90)
     assert run.code == 1 and time.time() - killed_at < 60, run.output[-3000:]
