@@ -234,7 +234,7 @@ def failing_tests(mutation):
             f.write(original.replace(mutation.old, mutation.new))
         tests = (mutation.tests,) if isinstance(mutation.tests, str) else mutation.tests
         select = ["-m", mutation.select] if mutation.select else []
-        # -n 0: the few tests of a mutation in this process, not in pytest.ini's two workers
+        # -n 0: the few tests of a mutation in this process, whatever PYTEST_ADDOPTS asks
         run = subprocess.run([sys.executable, "-m", "pytest", *tests, "-q", "-n", "0", "-p",
                               "no:cacheprovider", *select],
                              cwd=ROOT, capture_output=True, text=True, timeout=1200)
