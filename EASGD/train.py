@@ -207,10 +207,21 @@ class SyncReplicasStart(object):
     A worker that was waiting sends its next gradient to it; one that was not finds a spare
     token, and its next gradient is dropped as stale (the accumulators count steps): a spare
     token costs a mini-batch, a missing one would stop the run. (It reads the optimizer's
-    accumulators and token queue, which SyncReplicasOptimizer keeps to itself.)"""
+    accumulators and token queue, which SyncReplicasOptimizer keeps to itself.)
+
+    run_round runs this worker's steps or rounds, one turn each. The accumulators count what
+    they receive, not who sent it, so without backup workers no worker may send twice to a
+    step. A worker killed while it waits for its token has that dequeue cancelled with its
+    call, and the token meant for it stays in the queue; another worker that takes it has a
+    token of the step it has just sent to. Were it to send again, its two sends would make the
+    step, and it would go on training alone, silently. It waits instead for the step to be
+    made without it: within --step_timeout, or the run ends in one line, as a lost quorum does.
+    (With backup workers two sends to a step are how the step follows the fast workers: no
+    check. A new session starts afresh: a step restored from a checkpoint may repeat a token.)"""
 
     def __init__(self, optimizer, workers, is_chief):
         self.optimizer, self.is_chief = optimizer, is_chief
+        self.sessions, self.token = 0, None  # sessions set up; the token this worker last took
         if not is_chief:
             return
         global_step, queue = optimizer._global_step, optimizer._sync_token_queue
@@ -228,6 +239,7 @@ class SyncReplicasStart(object):
     def __call__(self, session, kept_variables):
         """kept_variables: the chief found the variables on the ps (Worker.kept_variables)."""
         optimizer = self.optimizer
+        self.sessions += 1  # tokens of the lost session say nothing of this one's steps
         # the hook's check that the variables are ready, made already by Worker.new_session:
         # marked used, or TensorFlow logs an error that it never was when the process ends
         optimizer.ready_for_local_init_op.mark_used()
@@ -253,6 +265,20 @@ class SyncReplicasStart(object):
         session.run(self.next_step)
         print("[worker0] the round at global step %d is dropped: a restart may have left it "
               "half done; every worker goes on at step %d" % (step, step + 1), flush=True)
+
+    def run_round(self, session, fetches, args, name):
+        """Run fetches, a step or round whose last fetch is the optimizer's train op (its
+        value: the token taken, the step this worker's next gradient goes to), within
+        --step_timeout (sync_round); one turn a step (the docstring). Returns their values."""
+        sessions, sent_to = self.sessions, self.token
+        values = sync_round(session, fetches, args, name)
+        self.token = values[-1] if isinstance(fetches, list) else values
+        if self.token == sent_to and sessions == self.sessions and not args.backup_workers:
+            if not wait_for(lambda: session.run(self.optimizer._global_step) > sent_to,
+                            args.step_timeout):  # a spare token, a lost worker's
+                fail("worker%d: no %s completed within %g s: a worker is missing"
+                     % (args.task_index, name, args.step_timeout))
+        return values
 
     @staticmethod
     def at_once(session, op):
@@ -288,13 +314,14 @@ def train(args, cluster, server, data):
     n = easgd.replicas_to_aggregate
     worker = Worker(args, cluster, lambda x, y: model_metrics(easgd.centre, x, y),
                     (data.x_test, data.y_test), steps_per_update=args.window)
-    start = SyncReplicasStart(easgd.optimizer, len(cluster["worker"]), worker.is_chief)
+    sync_replicas = SyncReplicasStart(easgd.optimizer, len(cluster["worker"]), worker.is_chief)
     session = worker.start(server, wait_for_everyone=True,  # every round needs every worker
-                           each_session=lambda s: start(s, worker.kept_variables))
+                           each_session=lambda s: sync_replicas(s, worker.kept_variables))
     while worker.step < math.ceil(args.steps / (n * args.window)):  # the global step counts rounds
         for _ in range(args.window):  # on this worker alone: no network traffic
             loss = session.run(easgd.local_step)
-        worker.after_update(session, loss, sync_round(session, easgd.exchange, args, "round"))
+        token = sync_replicas.run_round(session, easgd.exchange, args, "round")  # one turn a round
+        worker.after_update(session, loss, token)
     if worker.is_chief:
         session.run(easgd.release_workers)  # one more token each: no worker waits forever
     return worker.end(session, minibatches_per_update=n * args.window, window=args.window,

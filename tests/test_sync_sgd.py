@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from support.examples import ACCURACY_BAR, error_lines, example_dir, load_train_module, run_train
-from support.in_process import (all_at_once, flags, gradient_reference, sync_workers, values,
-                                worker_sessions)
+from support.in_process import (all_at_once, flags, gradient_reference, in_threads, sync_workers,
+                                values, worker_sessions)
 from support.processes import assert_nothing_left, free_ports
 from support.runs import kill_mid_run
 
@@ -83,6 +83,56 @@ def test_a_restarted_chief_drops_the_round_its_predecessor_left_half_done():
     assert chief_session.run(chief.global_step) == 2
     for name, value in values(chief_session, chief.global_params).items():
         mean = (gradients[0][name] + gradients[1][name]) / 2  # both workers', nothing stale
+        np.testing.assert_allclose(value, before[name] - 2 * 0.1 * mean, rtol=1e-4, atol=1e-6,
+                                   err_msg=name)
+
+
+@pytest.mark.rule
+@pytest.mark.parametrize("worker1", ["sends its gradient", "is lost"])
+def test_a_worker_that_takes_a_spare_token_of_its_step_waits_for_the_step(worker1, capsys):
+    # what a worker killed while it waited for its token leaves on the ps: the token handed
+    # out for it, spare in the queue. The chief sends its gradient of step 1 and takes that
+    # token, of the step it has just sent to. It must not send again (its two gradients would
+    # make the step, and it would train on alone): it waits for step 1, made with worker 1's
+    # gradient if worker 1 sends it, and ends the run within --step_timeout if none comes.
+    (chief, chief_session, start), (worker, worker_session, worker_start) = worker_sessions(
+        sync_sgd, sync_sgd.build_sync_sgd, 2, "--learning_rate", "0.1",
+        extra=lambda args, ops: sync_sgd.SyncReplicasStart(ops.optimizer, 2, args.task_index == 0))
+    args = [flags(sync_sgd, "--task_index", str(k), "--step_timeout", "3") for k in (0, 1)]
+    start(chief_session, kept_variables=False)
+    worker_start(worker_session, kept_variables=False)
+    tokens = [[], []]
+    run_round = lambda k: tokens[k].append([start, worker_start][k].run_round(
+        [chief_session, worker_session][k], [chief.train_op, worker.train_op][k], args[k],
+        "synchronous step"))  # the train op alone: its value, the token taken
+    in_threads(run_round, 2)  # step 0, every worker's: a token of step 1 each
+    assert tokens == [[1], [1]] and chief_session.run(chief.global_step) == 1
+    before = values(chief_session, chief.global_params)
+    chief_session.run(start.hand_out)  # the token a lost worker left: one of step 1
+    assert chief_session.run(start.tokens_left) == 1
+    if worker1 == "is lost":
+        began = time.time()
+        with pytest.raises(SystemExit):
+            run_round(0)
+        assert 3 <= time.time() - began < 20
+        assert ("error: worker0: no synchronous step completed within 3 s: a worker is missing"
+                in capsys.readouterr().err)
+        assert chief_session.run(chief.global_step) == 1  # nothing applied: one gradient of 1
+        assert chief_session.run(start.counts) == [1, 1, 1, 1]
+        return
+    chief_round = threading.Thread(target=run_round, args=(0,), daemon=True)
+    chief_round.start()
+    deadline = time.time() + 30
+    while chief_session.run(start.tokens_left) > 0 and time.time() < deadline:
+        time.sleep(0.1)  # the chief has sent its gradient of step 1 and taken the spare token
+    assert chief_session.run(start.counts) == [1, 1, 1, 1]
+    gradients = [gradient_reference(sync_sgd, before, seed=k) for k in (0, 1)]
+    run_round(1)  # worker 1's gradient of step 1: the step is made, each gradient once
+    chief_round.join(timeout=30)
+    assert not chief_round.is_alive(), "the chief still waits though step 1 was made"
+    assert tokens == [[1, 1], [1, 2]] and chief_session.run(chief.global_step) == 2
+    for name, value in values(chief_session, chief.global_params).items():
+        mean = (gradients[0][name] + gradients[1][name]) / 2
         np.testing.assert_allclose(value, before[name] - 2 * 0.1 * mean, rtol=1e-4, atol=1e-6,
                                    err_msg=name)
 

@@ -142,6 +142,13 @@ MUTATIONS = [
     Mutation("Sync-SGD: a restarted chief leaves the dropped round's gradients in",
              "Sync-SGD/train.py", "                self.at_once(session, empty)\n",
              "                pass\n", "tests/test_sync_sgd.py", RULE),
+    Mutation("Sync-SGD: a worker sends twice to a step with a lost worker's spare token",
+             "Sync-SGD/train.py", "        if self.token == sent_to and sessions == self.sessions",
+             "        if False", "tests/test_sync_sgd.py", RULE),
+    Mutation("Sync-SGD: a worker with a spare token waits for the step after",
+             "Sync-SGD/train.py", "session.run(self.optimizer._global_step) > sent_to,",
+             "session.run(self.optimizer._global_step) > sent_to + 1,", "tests/test_sync_sgd.py",
+             RULE),
     Mutation("MultiWorkerMirroredStrategy: learning rate without x N",
              "MultiWorkerMirroredStrategy/train.py",
              "learning_rate = args.learning_rate * strategy.num_replicas_in_sync",
@@ -234,7 +241,7 @@ def failing_tests(mutation):
             f.write(original.replace(mutation.old, mutation.new))
         tests = (mutation.tests,) if isinstance(mutation.tests, str) else mutation.tests
         select = ["-m", mutation.select] if mutation.select else []
-        # -n 0: the few tests of a mutation in this process, whatever PYTEST_ADDOPTS asks
+        # -n 0: the few tests of a mutation in this process, not in pytest.ini's two workers
         run = subprocess.run([sys.executable, "-m", "pytest", *tests, "-q", "-n", "0", "-p",
                               "no:cacheprovider", *select],
                              cwd=ROOT, capture_output=True, text=True, timeout=1200)
