@@ -180,8 +180,13 @@ def sync_round(session, fetches, args, name):
         return session.run(fetches, options=tf.compat.v1.RunOptions(
             timeout_in_ms=int(args.step_timeout * 1000)))
     except tf.errors.DeadlineExceededError:
-        fail("worker%d: no %s completed within %g s: a worker is missing"
-             % (args.task_index, name, args.step_timeout))
+        no_round_in_time(args, name)
+
+
+def no_round_in_time(args, name):
+    """The run ends in one line: no step or round (name) completed within --step_timeout."""
+    fail("worker%d: no %s completed within %g s: a worker is missing"
+         % (args.task_index, name, args.step_timeout))
 # <<< shared: sync replicas
 
 
@@ -276,8 +281,7 @@ class SyncReplicasStart(object):
         if self.token == sent_to and sessions == self.sessions and not args.backup_workers:
             if not wait_for(lambda: session.run(self.optimizer._global_step) > sent_to,
                             args.step_timeout):  # a spare token, a lost worker's
-                fail("worker%d: no %s completed within %g s: a worker is missing"
-                     % (args.task_index, name, args.step_timeout))
+                no_round_in_time(args, name)
         return values
 
     @staticmethod

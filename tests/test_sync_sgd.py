@@ -101,10 +101,14 @@ def test_a_worker_that_takes_a_spare_token_of_its_step_waits_for_the_step(worker
     args = [flags(sync_sgd, "--task_index", str(k), "--step_timeout", "3") for k in (0, 1)]
     start(chief_session, kept_variables=False)
     worker_start(worker_session, kept_variables=False)
+    sides = [(start, chief_session, chief.train_op),
+             (worker_start, worker_session, worker.train_op)]
     tokens = [[], []]
-    run_round = lambda k: tokens[k].append([start, worker_start][k].run_round(
-        [chief_session, worker_session][k], [chief.train_op, worker.train_op][k], args[k],
-        "synchronous step"))  # the train op alone: its value, the token taken
+
+    def run_round(k):  # the train op alone: its value, the token taken
+        replicas, session, train_op = sides[k]
+        tokens[k].append(replicas.run_round(session, train_op, args[k], "synchronous step"))
+
     in_threads(run_round, 2)  # step 0, every worker's: a token of step 1 each
     assert tokens == [[1], [1]] and chief_session.run(chief.global_step) == 1
     before = values(chief_session, chief.global_params)
