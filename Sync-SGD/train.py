@@ -31,6 +31,7 @@ References
 """
 import argparse
 import collections
+import glob
 import json
 import math
 import os
@@ -60,31 +61,31 @@ def example_flags(parser):
 
 # --- Data (replace with your own) -----------------------------------------------------------------
 # >>> shared: data
-Dataset = collections.namedtuple("Dataset", "x_train y_train x_test y_test")
+Dataset = collections.namedtuple("Dataset", "x_train y_train x_test y_test num_classes")
 
 
 def load_dataset(data_path=""):
-    """The arrays to train and test on, as the model takes them: by default scikit-learn's 1797
-    handwritten 8x8 digits (offline; a fixed fifth to test), rows of 64 pixels scaled from 0-16
-    to [0, 1], labels 0-9; or the arrays of the .npz file at data_path (read_npz, below the
-    banner, checks them and scales integer pixels)."""
-    if data_path:
-        return Dataset(*read_npz(data_path, num_classes=10))
+    """By default scikit-learn's 1797 handwritten 8x8 digits (offline; a fixed fifth to test),
+    rows of 64 pixels in [0, 1], labels 0-9; or data_path's, checked below the banner."""
+    if data_path.endswith(".npz"):  # arrays (read_npz)
+        return Dataset(*read_npz(data_path))
+    if data_path:  # TFRecord files: a folder, or a glob of the training files (read_records)
+        return read_records(data_path)
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
     x, y = load_digits(return_X_y=True)
     x_train, x_test, y_train, y_test = train_test_split(x, y, test_size=0.2, random_state=0,
                                                         stratify=y)
     return Dataset((x_train / 16).astype(np.float32), y_train.astype(np.int64),
-                   (x_test / 16).astype(np.float32), y_test.astype(np.int64))
+                   (x_test / 16).astype(np.float32), y_test.astype(np.int64), num_classes=10)
 
 
 def training_dataset(data, batch_size, worker_index, num_workers, seed):
-    """This worker's endless stream of mini-batches: its own shard of the training set (no two
-    workers share an example), reshuffled every epoch."""
-    ds = tf.data.Dataset.from_tensor_slices((data.x_train, data.y_train))
-    ds = ds.shard(num_workers, worker_index)
-    ds = ds.shuffle(len(data.x_train) // num_workers + 1, seed=seed * 1000 + worker_index)
+    """This worker's endless stream of mini-batches: its own shard, reshuffled every epoch."""
+    if isinstance(data, Records):  # files: this worker reads files of its own
+        return records_dataset(data, batch_size, worker_index, num_workers, seed)
+    ds = arrays_dataset(data.x_train, data.y_train, worker_index, num_workers)
+    ds = ds.shuffle(len(data.x_train) // num_workers + 1, seed=seed)  # the shards differ
     return ds.repeat().batch(batch_size, drop_remainder=True).prefetch(2)
 # <<< shared: data
 
@@ -99,7 +100,7 @@ def training_batches(data, batch_size, worker_index, num_workers, seed):
 
 # --- Model (replace with your own) ----------------------------------------------------------------
 # >>> shared: model
-def model_params(input_shape, hidden, seed, num_classes=10):
+def model_params(input_shape, hidden, seed, num_classes):
     """The MLP's variables, made under the current device scope (the ps, in the examples), for
     examples of input_shape (a row of features, or an image that the MLP reads as one row)."""
     glorot = lambda i: tf.compat.v1.glorot_uniform_initializer(seed=seed * 10 + i)
@@ -135,14 +136,14 @@ SyncSGD = collections.namedtuple("SyncSGD", "global_params global_step loss trai
                                  "replicas_to_aggregate optimizer release_workers")
 
 
-def build_sync_sgd(args, cluster, x, y):
+def build_sync_sgd(args, cluster, x, y, num_classes):
     """Synchronous SGD: gradients meet in accumulators on the ps; one averaged update a step."""
     workers = len(cluster["worker"])
     replicas_to_aggregate = workers - args.backup_workers
     with tf.compat.v1.device(ps_device(args, cluster)):
         global_step = tf.compat.v1.train.get_or_create_global_step()
         with sharded_over_the_ps(cluster, args.shard_variables):  # a slice per ps, if asked
-            global_params = model_params(x.shape[1:], args.hidden, args.seed)
+            global_params = model_params(x.shape[1:], args.hidden, args.seed, num_classes)
         loss = model_loss(global_params, x, y)
         sync = tf.compat.v1.train.SyncReplicasOptimizer(
             tf.compat.v1.train.GradientDescentOptimizer(args.learning_rate * replicas_to_aggregate),
@@ -298,10 +299,10 @@ def run_until_it_fails(session, op):
 def train(args, cluster, server, data):
     x, y = training_batches(data, args.batch_size, args.task_index, len(cluster["worker"]),
                             args.seed)  # no device given: the pipeline runs on this worker
-    sync = build_sync_sgd(args, cluster, x, y)
+    sync = build_sync_sgd(args, cluster, x, y, data.num_classes)
     replicas_to_aggregate = sync.replicas_to_aggregate  # mini-batches in a step
     worker = Worker(args, cluster, lambda x, y: model_metrics(sync.global_params, x, y),
-                    (data.x_test, data.y_test))
+                    data)
     straggling = args.task_index == len(cluster["worker"]) - 1 and args.straggler_delay > 0
     sync_replicas = SyncReplicasStart(sync.optimizer, len(cluster["worker"]), worker.is_chief)
     session = worker.start(server, wait_for_everyone=True,  # every round needs every worker
@@ -338,7 +339,7 @@ def main(argv=None):
 # the copies equal):
 #   1. flags, and the cluster from them or from TF_CONFIG;         parse_flags, resolve_cluster,
 #      --data_path's file, checked                                check_cluster, positive_seconds,
-#                                                                  read_npz
+#                                                                  read_npz, as_float32
 #   2. variables on the ps (whole, or cut into a slice per ps),
 #      every other op on this worker                              ps_device, sharded_over_the_ps
 #   3. this task's server; a failure ends the task in one line    run_task, fail, cause
@@ -357,6 +358,10 @@ def main(argv=None):
 #      new session, set up again; a worker whose steps stop
 #      (--watchdog) exits, for its restart policy to start again  RecoveringSession,
 #                                                                  Worker.watch
+#   8. the data's way in: TFRecord files, each worker reading      read_records, records_dataset,
+#      its own; arrays that are no constant of the graph; the     arrays_dataset, test_batches,
+#      test set in batches; a Keras model's weights as the        record_batches, keras_params,
+#      parameters                                                 keras_logits
 # >>> shared: flags
 def fail(message):
     """One line on stderr and exit status 2: for bad input and lost peers, never for bugs."""
@@ -383,7 +388,8 @@ def parse_flags(argv, example_flags, distributed=True):
         ("learning_rate", float, 0.1, "the workers' learning rate"),
         ("hidden", int, 128, "width of the MLP's hidden layer"),
         ("data_path", str, "", "your own data: an .npz with x_train, y_train, x_test and y_test, "
-         "any numbers and shapes (default: the digits)"),
+         "any numbers and shapes, or TFRecord files: a folder or a glob (tools/npz_to_tfrecord.py "
+         "writes them) (default: the digits)"),
         ("log_dir", str, "", "checkpoints and summaries; one that has them resumes"),
         ("seed", int, 0, "seed of the initial weights and the shuffling"),
         ("metrics_file", str, "", "also write the summary and the test metrics' history here, "
@@ -421,12 +427,13 @@ def parse_flags(argv, example_flags, distributed=True):
 NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
 
 
-def read_npz(path, num_classes=None):
-    """--data_path's x_train, y_train, x_test and y_test, checked before TensorFlow loads. Features
-    of any shape: floats are kept as they are (in float32), integers (pixels) are scaled to
-    [0, 1] by the largest in x_train, and images (N, H, W) gain a channel axis (N, H, W, 1), as a
-    convolution takes them. Labels: integer classes in [0, num_classes), or with num_classes
-    None any numbers (a regression's targets, in float32)."""
+def read_npz(path, classes=True):
+    """--data_path's .npz: x_train, y_train, x_test and y_test, checked before TensorFlow loads,
+    and num_classes. Features of any shape: floats are kept as they are (in float32), integers
+    (pixels) are scaled to [0, 1] by the largest in x_train, a few thousand rows at a time (no
+    float64 copy of the whole set), and images (N, H, W) gain a channel axis (N, H, W, 1), as a
+    convolution takes them. Labels: with classes, whole numbers from 0, and num_classes is the
+    largest + 1; without, any numbers (a regression's targets, in float32; num_classes None)."""
     try:
         with np.load(path) as f:
             x_train, y_train, x_test, y_test = (f[k] for k in NPZ_KEYS)
@@ -437,7 +444,8 @@ def read_npz(path, num_classes=None):
         if array.dtype.kind not in "biuf" or array.ndim == 0 or len(array) == 0:
             fail("%s: %s must be a non-empty array of numbers, not %s %s"
                  % (path, name, array.dtype, array.shape))
-        if not np.all(np.isfinite(array)):
+        if array.dtype.kind == "f" and not all(np.isfinite(array[i:i + 4096]).all()
+                                               for i in range(0, len(array), 4096)):
             fail("%s: %s has NaN or infinite values" % (path, name))
     if len(x_train) != len(y_train) or len(x_test) != len(y_test):
         fail("%s: x and y differ in length: %d and %d to train, %d and %d to test"
@@ -445,20 +453,169 @@ def read_npz(path, num_classes=None):
     if x_train.shape[1:] != x_test.shape[1:]:
         fail("%s: train and test examples differ in shape: %s and %s"
              % (path, x_train.shape[1:], x_test.shape[1:]))
-    if num_classes is None:
-        y_train, y_test = y_train.astype(np.float32), y_test.astype(np.float32)
-    else:
+    num_classes = None
+    if classes:
         for name, y in (("y_train", y_train), ("y_test", y_test)):
-            if y.ndim != 1 or np.any(y != np.round(y)) or y.min() < 0 or y.max() >= num_classes:
-                fail("%s: %s must hold integer labels in [0, %d)" % (path, name, num_classes))
-        y_train, y_test = y_train.astype(np.int64), y_test.astype(np.int64)
-    if x_train.dtype.kind != "f":  # integer pixels
-        pixel_max = max(float(x_train.max()), 1.0)
-        x_train, x_test = x_train / pixel_max, x_test / pixel_max
+            if y.ndim != 1 or np.any(y != np.round(y)) or y.min() < 0:
+                fail("%s: %s must hold class labels: whole numbers from 0" % (path, name))
+        num_classes = int(max(y_train.max(), y_test.max())) + 1
+    y_train, y_test = (y.astype(np.int64 if classes else np.float32) for y in (y_train, y_test))
+    scale = max(float(x_train.max()), 1.0) if x_train.dtype.kind != "f" else 1.0
+    x_train, x_test = (as_float32(x, scale) for x in (x_train, x_test))
     if x_train.ndim == 3:  # images without a channel axis
         x_train, x_test = x_train[..., np.newaxis], x_test[..., np.newaxis]
-    return x_train.astype(np.float32), y_train, x_test.astype(np.float32), y_test
+    return x_train, y_train, x_test, y_test, num_classes
+
+
+def as_float32(x, scale=1.0):
+    """x / scale in float32, a few thousand rows at a time: never a float64 copy of x."""
+    if x.dtype == np.float32 and scale == 1.0:
+        return x
+    out = np.empty(x.shape, np.float32)
+    for i in range(0, len(x), 4096):
+        out[i:i + 4096] = x[i:i + 4096] / scale
+    return out
 # <<< shared: flags
+
+
+# >>> shared: data files
+Records = collections.namedtuple("Records", "train_files test_files shape dtype scale num_classes")
+
+
+def read_records(path):
+    """--data_path's TFRecord files, checked before TensorFlow loads: a folder, or a glob of its
+    training files, as tools/npz_to_tfrecord.py writes them: train-*.tfrecord and
+    test-*.tfrecord, each record a tf.train.Example with the features x (the example's array,
+    its raw bytes) and y (its label: int64 for classes, float for a regression), and meta.json
+    (x_shape, x_dtype, x_scale: x is divided by it; num_classes: null for a regression)."""
+    if os.path.isdir(path):
+        folder, train_files = path, sorted(glob.glob(os.path.join(path, "train-*.tfrecord")))
+    else:
+        train_files = sorted(glob.glob(path))
+        folder = os.path.dirname(train_files[0]) if train_files else os.path.dirname(path)
+    if not train_files:
+        fail("%s: no training files (train-*.tfrecord): give an .npz, or a folder of TFRecord "
+             "files that tools/npz_to_tfrecord.py wrote" % path)
+    test_files = sorted(glob.glob(os.path.join(folder, "test-*.tfrecord")))
+    if not test_files:
+        fail("%s: no test files (test-*.tfrecord) beside the training files" % folder)
+    try:
+        with open(os.path.join(folder, "meta.json")) as f:
+            meta = json.load(f)
+        shape, dtype = tuple(int(n) for n in meta["x_shape"]), np.dtype(meta["x_dtype"])
+        scale, num_classes = float(meta["x_scale"]), meta["num_classes"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        fail("%s: no readable meta.json (%s: %s) beside the TFRecord files: write them with "
+             "python tools/npz_to_tfrecord.py DATA.npz FOLDER" % (folder, type(e).__name__, e))
+    for name in train_files + test_files:  # a TFRecord: the first record's length, then its data
+        with open(name, "rb") as f:
+            header = f.read(12)
+        length = int.from_bytes(header[:8], "little") if len(header) == 12 else -1
+        if not 0 < length <= os.path.getsize(name) - 16:
+            fail("%s is not a TFRecord file (tools/npz_to_tfrecord.py writes them)" % name)
+    return Records(train_files, test_files, shape, dtype, scale, num_classes)
+
+
+def records_dataset(data, batch_size, worker_index, num_workers, seed):
+    """This worker's endless stream of mini-batches from its own TFRecord files (file k goes to
+    worker k mod N): no worker reads, or holds, the whole set. Files are read a few at a time,
+    interleaved; records are shuffled in a buffer, batched, then parsed and scaled a batch at a
+    time, in parallel, ahead of the training step."""
+    if len(data.train_files) < num_workers:
+        fail("%d training file(s) for %d workers: each worker reads files of its own; write at "
+             "least %d (tools/npz_to_tfrecord.py --shards N)"
+             % (len(data.train_files), num_workers, num_workers))
+    if isinstance(worker_index, int):
+        mine = data.train_files[worker_index::num_workers]
+        print("[worker%d] reading %d of %d training files: %s" % (worker_index, len(mine), len(
+            data.train_files), ",".join(os.path.basename(f) for f in mine)), flush=True)
+    files = tf.data.Dataset.from_tensor_slices(data.train_files).shard(num_workers, worker_index)
+    files = files.shuffle(len(data.train_files), seed=seed).repeat()
+    records = files.interleave(tf.data.TFRecordDataset, cycle_length=4,
+                               num_parallel_calls=tf.data.AUTOTUNE)
+    records = records.shuffle(10000, seed=seed).batch(batch_size, drop_remainder=True)
+
+    def parse(serialized):  # a batch of tf.train.Examples: x in float32, scaled, and y
+        features = tf.io.parse_example(serialized, {
+            "x": tf.io.FixedLenFeature([], tf.string),
+            "y": tf.io.FixedLenFeature([], tf.int64 if data.num_classes else tf.float32)})
+        x = tf.reshape(tf.io.decode_raw(features["x"], data.dtype), (-1,) + data.shape)
+        return tf.cast(x, tf.float32) / data.scale, features["y"]
+    return records.map(parse, tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
+
+
+def arrays_dataset(x, y, worker_index, num_workers):
+    """This worker's shard of the arrays (x, y), example by example, never a constant of a
+    tf.compat.v1 graph (its GraphDef would hold the arrays: 2 GB at most, and copies in memory):
+    the graph asks Python for the shard when the pipeline starts. In TensorFlow 2 (where
+    ParameterServerStrategy sends the pipeline to its workers) the arrays themselves."""
+    if tf.compat.v1.executing_eagerly_outside_functions():
+        return tf.data.Dataset.from_tensor_slices((x, y)).shard(num_workers, worker_index)
+    shard = lambda: (x[worker_index::num_workers], y[worker_index::num_workers])
+    arrays = tf.data.Dataset.range(1).map(lambda _: tuple(tf.compat.v1.py_func(
+        shard, [], [tf.as_dtype(x.dtype), tf.as_dtype(y.dtype)], stateful=False)))
+    return arrays.map(lambda xs, ys: (tf.ensure_shape(xs, (None,) + x.shape[1:]),
+                                      tf.ensure_shape(ys, (None,) + y.shape[1:]))).unbatch()
+
+
+def test_batches(test_set, size=1000):
+    """The test set, size examples at a time: the data (its x_test and y_test), the arrays
+    (x, y), or TFRecord files (Records: read as they stream, never all in memory)."""
+    if not isinstance(test_set, Records):
+        x, y = (test_set.x_test, test_set.y_test) if hasattr(test_set, "x_test") else test_set
+        return ((x[i:i + size], y[i:i + size]) for i in range(0, len(x), size))
+    return record_batches(test_set, size)
+
+
+def record_batches(data, size):
+    """The test files' examples, size at a time, parsed in Python as they are read."""
+    def batch(xs, ys):
+        x = np.stack(xs).reshape((-1,) + data.shape).astype(np.float32) / np.float32(data.scale)
+        return x, np.array(ys, np.int64 if data.num_classes else np.float32)
+    xs, ys = [], []
+    for name in data.test_files:
+        for record in tf.compat.v1.io.tf_record_iterator(name):
+            feature = tf.train.Example.FromString(record).features.feature
+            xs.append(np.frombuffer(feature["x"].bytes_list.value[0], data.dtype))
+            ys.append((feature["y"].int64_list.value or feature["y"].float_list.value)[0])
+            if len(xs) == size:
+                yield batch(xs, ys)
+                xs, ys = [], []
+    if xs:
+        yield batch(xs, ys)
+# <<< shared: data files
+
+
+# >>> shared: keras
+KERAS_MODELS = {}  # by names: the Keras model and the parameters keras_params made of it
+
+
+def keras_params(model):
+    """A built Keras model's weights as an example's parameters: {name: variable}, in the order
+    the model made them (Keras 3's variables hold TensorFlow ones: those, which the examples'
+    loops differentiate and update). Remembered, so that keras_logits finds the model again."""
+    params = {}
+    for w in model.weights:
+        name = getattr(w, "path", None) or w.name.split(":")[0]
+        params[name] = w if isinstance(w, tf.Variable) else w.value
+    KERAS_MODELS[tuple(params)] = (model, params)
+    return params
+
+
+def keras_logits(params, x):
+    """The logits, for the examples x, of the Keras model behind params, computed with params'
+    values: the model itself over its own weights; over any other dict of the same names (a
+    worker's local copy, the parameters plus noise), the model built again (tf_keras's
+    clone_model, in the tf.compat.v1 examples) with each weight taken from params."""
+    model, own = KERAS_MODELS[tuple(params)]
+    if params is own:
+        return model(x)
+    import tf_keras
+    given = iter(params.values())
+    with tf.variable_creator_scope(lambda next_creator, **kwargs: next(given)):
+        copy = tf_keras.models.clone_model(model)
+    return copy(x)
+# <<< shared: keras
 
 
 # >>> shared: tasks
@@ -528,15 +685,15 @@ def print_summary(role, summary, history, metrics_file):
 # >>> shared: test metrics
 def test_metrics_in_batches(session, metrics, x, y, test_set):
     """Each of metrics (tensors, each a mean over a batch) averaged over the whole test set, fed
-    1000 examples at a time into the placeholders x and y: a large test set never becomes a
-    graph constant."""
-    x_test, y_test = test_set
-    totals = dict.fromkeys(metrics, 0.0)
-    for i in range(0, len(x_test), 1000):
-        feed = {x: x_test[i:i + 1000], y: y_test[i:i + 1000]}
+    1000 examples at a time into the placeholders x and y (test_batches): a large test set never
+    becomes a graph constant, nor needs to fit in memory."""
+    totals, examples = dict.fromkeys(metrics, 0.0), 0
+    for x_test, y_test in test_batches(test_set):
+        feed = {x: x_test, y: y_test}
         for name, value in session.run(metrics, feed).items():
             totals[name] += value * len(feed[x])
-    return {name: float(total / len(x_test)) for name, total in totals.items()}
+        examples += len(feed[x])
+    return {name: float(total / examples) for name, total in totals.items()}
 
 
 def tensorboard_summary(metrics, loss=None):
@@ -644,8 +801,9 @@ def run_over_flag(ps_index):
 
 def serve(index, cluster, server, connect_timeout):
     """A ps serves until the chief says the run is over; TensorFlow's server never ends by
-    itself. A ps whose flag no chief has set up within connect_timeout seconds served no one:
-    it ends with an error. The flag's variable has the same name in every task's graph, so the
+    itself. A ps whose flag no chief has set up within connect_timeout seconds, while the
+    chief's port stays closed, served no one: it ends with an error (a chief that listens may be
+    building a large graph: the ps waits on). The flag's variable has the same name in every task's graph, so the
     ps reads the one the chief writes."""
     with tf.Graph().as_default():
         run_over = run_over_flag(index)
@@ -654,9 +812,12 @@ def serve(index, cluster, server, connect_timeout):
             device_filters=["/job:ps/task:%d" % index]))  # this ps alone: nothing else to wait for
     print("[ps%d] serving %d worker(s) at %s" % (index, len(cluster["worker"]),
                                                  cluster["ps"][index]), flush=True)
-    if not wait_for(lambda: session.run(set_up), connect_timeout, waiting=lambda: (
-            "[ps%d] waiting for the chief (worker0) at %s" % (index, cluster["worker"][0]))):
-        fail("ps%d: no chief came within %g s: this ps served no one" % (index, connect_timeout))
+    chief = cluster["worker"][0]
+    while not wait_for(lambda: session.run(set_up), connect_timeout, waiting=lambda: (
+            "[ps%d] waiting for the chief (worker0) at %s" % (index, chief))):
+        if not is_listening(chief):  # a chief that listens is alive, building its graph
+            fail("ps%d: no chief at %s within %g s: this ps served no one" % (
+                index, chief, connect_timeout))
     wait_for(lambda: session.run(run_over))
     print("[ps%d] the run is over; shutting down" % index, flush=True)
     return 0
@@ -664,8 +825,8 @@ def serve(index, cluster, server, connect_timeout):
 
 class Worker(object):
     """A worker's part of the run, given what train() built: test_metrics(x, y), a dict of
-    metric tensors for a batch of test examples (each a mean over the batch), and test_set,
-    (x_test, y_test), fed to it in batches. start: the session (a RecoveringSession); in each
+    metric tensors for a batch of test examples (each a mean over the batch), and test_set (the
+    data, or arrays (x, y): test_batches), fed to it in batches. start: the session (a RecoveringSession); in each
     new one the chief restores the latest checkpoint in --log_dir, or initialises the
     variables, where the ps lacks them, while the others wait for it. after_update: progress
     lines; the chief's test metrics, TensorBoard summaries and a checkpoint every 30 s. end:
@@ -683,7 +844,7 @@ class Worker(object):
         self.role = "worker%d" % args.task_index
         self.is_chief = args.task_index == 0
         self.global_step = tf.compat.v1.train.get_or_create_global_step()
-        x_test, y_test = test_set
+        x_test, y_test = next(test_batches(test_set, 1))  # an example: the placeholders' types
         with tf.compat.v1.device("/job:worker/task:%d" % args.task_index):
             self.test_x = tf.compat.v1.placeholder(x_test.dtype, (None,) + x_test.shape[1:])
             self.test_y = tf.compat.v1.placeholder(y_test.dtype, (None,) + y_test.shape[1:])

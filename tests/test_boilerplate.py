@@ -20,9 +20,9 @@ NEEDED_BLOCKS = {  # by family: the reference train.py of the jobs a train.py de
     "In-Graph-Replication": (EVERY_TRAIN_PY - {"model"}) | {"graph batches", "tasks",
                                                             "one client"},
 }
-ALLOWED_IMPORTS = {"argparse", "collections", "json", "math", "os", "shutil", "socket", "sys",
-                   "tempfile", "threading", "time",
-                   "numpy", "tensorflow", "sklearn"}
+ALLOWED_IMPORTS = {"argparse", "collections", "glob", "json", "math", "os", "shutil", "socket",
+                   "sys", "tempfile", "threading", "time",
+                   "numpy", "tensorflow", "sklearn", "tf_keras"}  # tf_keras: a Keras model's copy
 BANNER = "# Plumbing shared by every example (what a job needs besides its algorithm)"
 SECTIONS = ["# --- Data (replace with your own) ", "# --- Model (replace with your own) ",
             "# --- The algorithm ", "# --- The training loop ", "\ndef main(", BANNER]

@@ -16,7 +16,8 @@ import subprocess
 import numpy as np
 import pytest
 
-from support.examples import error_lines, example_dir, run_train_noting_tensorflow
+from support.examples import (USERS_ENVIRONMENT, error_lines, example_dir,
+                              run_train_noting_tensorflow)
 from support.processes import assert_nothing_left, interruptible
 from support.runs import finish
 
@@ -25,7 +26,7 @@ DATA_BLOCK = re.compile(r"^# >>> shared: data\n.*?^# <<< shared: data\n", re.S |
 MODEL_BLOCK = re.compile(r"^# >>> shared: model\n.*?^# <<< shared: model\n", re.S | re.M)
 
 # (a) float features with negative values: the digits standardised (mean 0, sd 1 per pixel)
-STANDARDISED_DATA = '''Dataset = collections.namedtuple("Dataset", "x_train y_train x_test y_test")
+STANDARDISED_DATA = '''Dataset = collections.namedtuple("Dataset", "x_train y_train x_test y_test num_classes")
 
 
 def load_dataset(data_path=""):
@@ -37,17 +38,17 @@ def load_dataset(data_path=""):
     mean, sd = x_train.mean(axis=0), x_train.std(axis=0) + 1e-6
     x_train, x_test = (x_train - mean) / sd, (x_test - mean) / sd  # negatives, as they are
     return Dataset(x_train.astype(np.float32), y_train.astype(np.int64),
-                   x_test.astype(np.float32), y_test.astype(np.int64))
+                   x_test.astype(np.float32), y_test.astype(np.int64), num_classes=10)
 
 
 def training_dataset(data, batch_size, worker_index, num_workers, seed):
     ds = tf.data.Dataset.from_tensor_slices((data.x_train, data.y_train))
-    ds = ds.shard(num_workers, worker_index).shuffle(2000, seed=seed * 1000 + worker_index)
+    ds = ds.shard(num_workers, worker_index).shuffle(2000, seed=seed)
     return ds.repeat().batch(batch_size, drop_remainder=True)
 '''
 
 # (b) a regression: real-valued targets, a mean-squared-error loss, no accuracy
-REGRESSION_DATA = '''Dataset = collections.namedtuple("Dataset", "x_train y_train x_test y_test")
+REGRESSION_DATA = '''Dataset = collections.namedtuple("Dataset", "x_train y_train x_test y_test num_classes")
 
 
 def load_dataset(data_path=""):
@@ -55,26 +56,22 @@ def load_dataset(data_path=""):
     x, y = make_regression(n_samples=2400, n_features=10, n_informative=8, noise=10.0,
                            random_state=0)
     x, y = x.astype(np.float32), (y / y.std()).astype(np.float32)
-    return Dataset(x[:2000], y[:2000], x[2000:], y[2000:])
+    return Dataset(x[:2000], y[:2000], x[2000:], y[2000:], num_classes=1)  # one output
 
 
 def training_dataset(data, batch_size, worker_index, num_workers, seed):
     ds = tf.data.Dataset.from_tensor_slices((data.x_train, data.y_train))
-    ds = ds.shard(num_workers, worker_index).shuffle(2000, seed=seed * 1000 + worker_index)
+    ds = ds.shard(num_workers, worker_index).shuffle(2000, seed=seed)
     return ds.repeat().batch(batch_size, drop_remainder=True)
 '''
 
 def regression_model():
-    """The MLP's Model code with the edits docs/own-model.md shows: one output, a
-    mean-squared-error loss, and the error's mean square and mean absolute value as the test
-    metrics."""
+    """The MLP's Model code with the edits docs/own-model.md shows: a mean-squared-error loss
+    on its one output (the data's num_classes is 1), and the error's mean square and mean
+    absolute value as the test metrics."""
     with open(os.path.join(example_dir("Distributed-Setup"), "train.py")) as f:
         model = MODEL_BLOCK.search(f.read()).group(0)
     edits = [
-        ("def model_params(input_shape, hidden, seed, num_classes=10):",
-         "def model_params(input_shape, hidden, seed):"),
-        ('[hidden, num_classes], initializer=glorot(2))', '[hidden, 1], initializer=glorot(2))'),
-        ('[num_classes], initializer=zeros)}', '[1], initializer=zeros)}'),
         ("""    return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
         labels=y, logits=model_logits(params, x)))""",
          """    return tf.reduce_mean(tf.square(tf.reshape(model_logits(params, x), [-1]) - y))"""),
@@ -90,7 +87,7 @@ def regression_model():
 
 
 # (c) images (N, H, W, C) and a small convolutional model
-IMAGE_DATA = '''Dataset = collections.namedtuple("Dataset", "x_train y_train x_test y_test")
+IMAGE_DATA = '''Dataset = collections.namedtuple("Dataset", "x_train y_train x_test y_test num_classes")
 
 
 def load_dataset(data_path=""):
@@ -98,16 +95,16 @@ def load_dataset(data_path=""):
     digits = load_digits()
     images = (digits.images / 16).astype(np.float32)[..., np.newaxis]  # (1797, 8, 8, 1)
     labels = digits.target.astype(np.int64)
-    return Dataset(images[:1440], labels[:1440], images[1440:], labels[1440:])
+    return Dataset(images[:1440], labels[:1440], images[1440:], labels[1440:], num_classes=10)
 
 
 def training_dataset(data, batch_size, worker_index, num_workers, seed):
     ds = tf.data.Dataset.from_tensor_slices((data.x_train, data.y_train))
-    ds = ds.shard(num_workers, worker_index).shuffle(2000, seed=seed * 1000 + worker_index)
+    ds = ds.shard(num_workers, worker_index).shuffle(2000, seed=seed)
     return ds.repeat().batch(batch_size, drop_remainder=True)
 '''
 
-CONV_MODEL = '''def model_params(input_shape, hidden, seed, num_classes=10):
+CONV_MODEL = '''def model_params(input_shape, hidden, seed, num_classes):
     """A 3x3 convolution of 16 channels, a 2x2 max-pool, and a linear layer."""
     glorot = lambda i: tf.compat.v1.glorot_uniform_initializer(seed=seed * 10 + i)
     zeros = tf.compat.v1.zeros_initializer()
@@ -137,6 +134,43 @@ def model_metrics(params, x, y):
     return {"accuracy": tf.reduce_mean(tf.cast(correct, tf.float32))}
 '''
 
+# (d) the same convolution written with Keras, as docs/own-model.md shows it: tf_keras (Keras 2,
+# the Keras that tf.compat.v1 graphs take) in the classic examples, Keras 3 in TensorFlow 2's
+KERAS_CONV_MODEL = '''import tf_keras as keras  # Keras 2: the Keras that tf.compat.v1 graphs take
+
+
+def model_params(input_shape, hidden, seed, num_classes):
+    """A Keras model: a 3x3 convolution of 16 channels, a 2x2 max-pool and a linear layer."""
+    tf.compat.v1.set_random_seed(seed)
+    model = keras.Sequential([keras.Input(input_shape),
+                              keras.layers.Conv2D(16, 3, padding="same", activation="relu"),
+                              keras.layers.MaxPooling2D(2), keras.layers.Flatten(),
+                              keras.layers.Dense(num_classes)])
+    return keras_params(model)  # {name: variable}; keras_logits runs the model on such a dict
+
+
+def model_loss(params, x, y):
+    return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+        labels=y, logits=keras_logits(params, x)))
+
+
+def model_metrics(params, x, y):
+    correct = tf.equal(tf.argmax(keras_logits(params, x), 1), y)
+    return {"accuracy": tf.reduce_mean(tf.cast(correct, tf.float32))}
+'''
+TF2 = ("ParameterServerStrategy", "MultiWorkerMirroredStrategy")
+
+
+def keras_model(example):
+    """The Keras model's code for an example: Keras 3 in TensorFlow 2's, seeded its own way."""
+    if example not in TF2:
+        return KERAS_CONV_MODEL
+    return KERAS_CONV_MODEL.replace(
+        "import tf_keras as keras  # Keras 2: the Keras that tf.compat.v1 graphs take",
+        "import keras  # Keras 3, which TensorFlow 2 installs").replace(
+        "tf.compat.v1.set_random_seed(seed)", "keras.utils.set_random_seed(seed)")
+
+
 # what each substitution replaces, and what its run of 1200 mini-batches must reach: measured
 # over the 21 cases (python -m pytest -m substitutions tests/test_own_data_and_model.py -rP),
 # floats 0.967-0.972, regression test_mse 0.0047-0.0058, images 0.888-0.933
@@ -147,13 +181,23 @@ SUBSTITUTIONS = {
                        bar=("test_mse", "<=", 0.02)),
     "images_and_a_convolution": dict(data=IMAGE_DATA, model=CONV_MODEL,
                                      bar=("test_accuracy", ">=", 0.85)),
+    "keras_convolution": dict(data=IMAGE_DATA, model=keras_model,
+                              bar=("test_accuracy", ">=", 0.85)),
 }
 FOLDERS = ["Distributed-Setup", "DOWNPOUR", "Sync-SGD", "EASGD", "DiLoCo",
            "ParameterServerStrategy", "MultiWorkerMirroredStrategy"]
-DEFAULT_RUN = {  # each substitution and each family of appendix (classic, TensorFlow 2's two)
+# a Keras model in every folder whose Model section a user replaces (Model-Parallel-Pipeline
+# splits its own layers over the tasks; the Sparse-Embeddings have a table, not this model)
+KERAS_FOLDERS = FOLDERS + ["Non-Distributed-Setup", "Hogwild", "ADAG", "DynSGD", "AEASGD",
+                           "EAMSGD", "Gradient-Compression", "Evolution-Strategies",
+                           "In-Graph-Replication"]
+DEFAULT_RUN = {  # each substitution and each family of appendix (classic, TensorFlow 2's two);
+    # a Keras model in each family of algorithm: windowed, synchronous, DiLoCo, TensorFlow 2
     ("Distributed-Setup", "images_and_a_convolution"), ("DOWNPOUR", "regression"),
     ("Sync-SGD", "floats_with_negatives"), ("ParameterServerStrategy", "regression"),
-    ("MultiWorkerMirroredStrategy", "images_and_a_convolution")}
+    ("MultiWorkerMirroredStrategy", "images_and_a_convolution"),
+    ("DOWNPOUR", "keras_convolution"), ("Sync-SGD", "keras_convolution"),
+    ("DiLoCo", "keras_convolution"), ("MultiWorkerMirroredStrategy", "keras_convolution")}
 
 
 def copy_with_own_data_and_model(example, destination, substitution):
@@ -165,24 +209,28 @@ def copy_with_own_data_and_model(example, destination, substitution):
         original = f.read()
     text, replaced = DATA_BLOCK.subn(lambda m: substitution["data"], original)
     assert replaced == 1, example
-    if substitution["model"]:
-        text, replaced = MODEL_BLOCK.subn(lambda m: substitution["model"], text)
+    model = substitution["model"]
+    if model:
+        model = model(example) if callable(model) else model
+        text, replaced = MODEL_BLOCK.subn(lambda m: model, text)
         assert replaced == 1, example
     with open(os.path.join(destination, "train.py"), "w") as f:
         f.write(text)
     return original, text
 
 
-def run_copy(folder, args, timeout=240):
+def run_copy(folder, args, timeout=240, env=None):
+    """The copy's run.sh; env: values to set for it (None: to remove), as a user's Keras needs."""
+    full_env = {k: v for k, v in dict(os.environ, **(env or {})).items() if v is not None}
     proc = subprocess.Popen(["bash", "run.sh"] + list(args), cwd=folder, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                            preexec_fn=interruptible)
+                            preexec_fn=interruptible, env=full_env)
     return finish(proc, timeout)
 
 
 def cases():
-    for example in FOLDERS:
-        for name in SUBSTITUTIONS:
+    for name in SUBSTITUTIONS:
+        for example in KERAS_FOLDERS if name == "keras_convolution" else FOLDERS:
             marks = [] if (example, name) in DEFAULT_RUN else [pytest.mark.substitutions]
             yield pytest.param(example, name, marks=marks, id="%s-%s" % (example, name))
 
@@ -195,7 +243,8 @@ def test_a_copied_folder_trains_on_its_own_data_and_model_with_the_plumbing_unch
     original, copy = copy_with_own_data_and_model(example, folder, substitution)
     # every line from the banner down is the original's, byte for byte
     assert copy[copy.index(BANNER):] == original[original.index(BANNER):]
-    run = run_copy(folder, ["--steps", "1200", "--log_dir", str(tmp_path / "logs")])
+    keras = USERS_ENVIRONMENT if name == "keras_convolution" else None  # the tests skip Keras
+    run = run_copy(folder, ["--steps", "1200", "--log_dir", str(tmp_path / "logs")], env=keras)
     assert_nothing_left(folder)
     errors = [line for line in run.output.splitlines() if "error" in line.lower()]
     assert run.code == 0, "\n".join(errors[:10]) + "\n...\n" + run.output[-2000:]
@@ -245,8 +294,8 @@ def malformed(name):
         arrays["y_train"] = arrays["y_train"][:-1]
     elif name == "fractional labels":
         arrays["y_train"] = arrays["y_train"] + 0.5
-    elif name == "labels out of range":
-        arrays["y_test"][0] = 10
+    elif name == "labels of two numbers":
+        arrays["y_test"] = np.stack([arrays["y_test"]] * 2, axis=1)
     elif name == "negative labels":
         arrays["y_train"][0] = -1
     elif name == "shapes":
@@ -262,9 +311,9 @@ MALFORMED = {  # the problem, and what its one line says
     "nan": "x_train has NaN or infinite values",
     "infinite": "x_test has NaN or infinite values",
     "lengths": "x and y differ in length: 30 and 29 to train",
-    "fractional labels": "y_train must hold integer labels in [0, 10)",
-    "labels out of range": "y_test must hold integer labels in [0, 10)",
-    "negative labels": "y_train must hold integer labels in [0, 10)",
+    "fractional labels": "y_train must hold class labels: whole numbers from 0",
+    "labels of two numbers": "y_test must hold class labels: whole numbers from 0",
+    "negative labels": "y_train must hold class labels: whole numbers from 0",
     "shapes": "train and test examples differ in shape: (4,) and (5,)",
     "missing key": "give an .npz with x_train, y_train, x_test and y_test",
     "not numbers": "x_train must be a non-empty array of numbers",

@@ -8,12 +8,15 @@ import json
 import os
 import signal
 import socket
+import subprocess
+import sys
 import time
 
 import numpy as np
 import pytest
 
-from support.examples import (ACCURACY_BAR, error_lines, load_train_module, run_train,
+from support.examples import (ACCURACY_BAR, environment_without_tf_config, error_lines,
+                              example_dir, load_train_module, run_train,
                               run_train_noting_tensorflow)
 from support.processes import assert_nothing_left, free_port
 from support.runs import Tasks
@@ -252,10 +255,41 @@ def test_shard_variables_puts_an_equal_slice_of_every_variable_on_each_ps(exampl
 
 # --- A real cluster: tasks that start late, a chief that restarts ---------------------------------
 def test_a_parameter_server_that_no_chief_reaches_ends_with_one_line_and_a_failure():
+    chief = free_port()
     code, _, stderr = run_train("Distributed-Setup", ["--job_name", "ps", "--connect_timeout",
-                                                      "2"] + cluster())
+                                                      "2"] + cluster(workers=[chief]))
     assert code == 2
-    assert error_lines(stderr) == ["error: ps0: no chief came within 2 s: this ps served no one"]
+    assert error_lines(stderr) == ["error: ps0: no chief at localhost:%d within 2 s: this ps "
+                                   "served no one" % chief]
+
+
+def test_a_parameter_server_waits_on_for_a_chief_that_listens_while_it_builds_its_graph():
+    # a chief whose port is open has started: it may take minutes to build a large graph. Here
+    # a socket stands for it, open for 8 s, four times --connect_timeout: the ps must wait
+    # while it listens, and give up only once it has closed
+    chief = socket.socket()
+    chief.bind(("localhost", 0))
+    chief.listen(8)
+    port = chief.getsockname()[1]
+    started = time.time()
+    ps = subprocess.Popen([sys.executable, os.path.join(example_dir("Distributed-Setup"),
+                                                        "train.py"),
+                           "--job_name", "ps", "--connect_timeout", "2"] + cluster(
+                               workers=[port]), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, env=environment_without_tf_config())
+    try:
+        time.sleep(8)  # the chief's lifetime, not a wait for a result
+        assert ps.poll() is None, "the ps gave up on a chief that listens: %s" % ps.stderr.read()
+        chief.close()
+        _, stderr = ps.communicate(timeout=30)
+    finally:
+        chief.close()
+        if ps.poll() is None:
+            ps.kill()
+            ps.wait()
+    assert ps.returncode == 2 and time.time() - started > 8
+    assert error_lines(stderr) == ["error: ps0: no chief at localhost:%d within 2 s: this ps "
+                                   "served no one" % port]
 
 
 def test_the_chief_waits_for_a_worker_that_starts_after_it_has_finished(tmp_path):

@@ -11,19 +11,26 @@ ACCURACY_BAR = 0.95  # the test accuracy every example on the digits must reach 
 # mini-batches, 1 ps + 2 workers; chance is 0.5 and the hidden model's own scores reach 0.893
 AUC_BAR = 0.62
 
-# `import tensorflow` loads Keras 3 in full (its optimizers, for a registry): about 1.4 of the 3.8
+# `import tensorflow` loads Keras in full (its optimizers, for a registry): about 1.4 of the 3.8
 # CPU-seconds each process spends starting here, and the suite starts some 450 TensorFlow
-# processes on 2 cores. No example uses Keras, so the tests' processes skip it (conftest.py calls
-# skip_keras_at_import): with TF_USE_LEGACY_KERAS=1 TensorFlow looks for tf_keras instead, finds
-# none and goes on without Keras, and a tf.keras in an example would fail loudly. Each example's
-# runs with its defaults (support/runs.py, DefaultRuns) keep the environment the README gives
-# users, Keras and all: USERS_ENVIRONMENT.
-USERS_ENVIRONMENT = {"TF_USE_LEGACY_KERAS": os.environ.get("TF_USE_LEGACY_KERAS")}
+# processes on 2 cores. The default examples use no Keras, so the tests' processes skip it
+# (conftest.py calls skip_keras_at_import): with TF_USE_LEGACY_KERAS=1 TensorFlow looks for
+# tf_keras instead, and support/no_keras, first on PYTHONPATH, makes that import fail at once (the
+# real tf_keras is installed, for the Keras models of docs/own-model.md), so TensorFlow goes on
+# without Keras, and a tf.keras in an example would fail loudly. Each example's runs with its
+# defaults (support/runs.py, DefaultRuns) and the runs of a Keras model keep the environment the
+# README gives users, Keras and all: USERS_ENVIRONMENT.
+NO_KERAS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "no_keras")
+USERS_ENVIRONMENT = {"TF_USE_LEGACY_KERAS": os.environ.get("TF_USE_LEGACY_KERAS"),
+                     "PYTHONPATH": os.environ.get("PYTHONPATH")}
 
 
 def skip_keras_at_import():
     """From now on this process and all it starts import TensorFlow without Keras."""
     os.environ["TF_USE_LEGACY_KERAS"] = "1"
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [NO_KERAS] + [p for p in [os.environ.get("PYTHONPATH")] if p])
+    sys.path.insert(0, NO_KERAS)
 
 
 def load_module(path, name):
