@@ -567,9 +567,9 @@ def read_records(path):
 
 def records_dataset(data, batch_size, worker_index, num_workers, seed):
     """This worker's endless stream of mini-batches from its own TFRecord files (file k goes to
-    worker k mod N): no worker reads, or holds, the whole set. Files are read a few at a time,
-    interleaved; records are shuffled in a buffer, batched, then parsed and scaled a batch at a
-    time, in parallel, ahead of the training step."""
+    worker k mod N): no worker reads, or holds, the whole set. Every epoch, its files in a new
+    order, read a few at a time, interleaved; records shuffled in a buffer of 10,000, batched,
+    then parsed and scaled a batch at a time, in parallel, ahead of the training step."""
     if len(data.train_files) < num_workers:
         fail("%d training file(s) for %d workers: each worker reads files of its own; write at "
              "least %d (tools/npz_to_tfrecord.py --shards N)"
@@ -579,10 +579,9 @@ def records_dataset(data, batch_size, worker_index, num_workers, seed):
         print("[worker%d] reading %d of %d training files: %s" % (worker_index, len(mine), len(
             data.train_files), ",".join(os.path.basename(f) for f in mine)), flush=True)
     files = tf.data.Dataset.from_tensor_slices(data.train_files).shard(num_workers, worker_index)
-    files = files.shuffle(len(data.train_files), seed=seed).repeat()
-    records = files.interleave(tf.data.TFRecordDataset, cycle_length=4,
-                               num_parallel_calls=tf.data.AUTOTUNE)
-    records = records.shuffle(10000, seed=seed).batch(batch_size, drop_remainder=True)
+    records = files.shuffle(len(data.train_files), seed=seed).interleave(
+        tf.data.TFRecordDataset, cycle_length=4, num_parallel_calls=tf.data.AUTOTUNE)
+    records = records.shuffle(10000, seed=seed).repeat().batch(batch_size, drop_remainder=True)
 
     def parse(serialized):  # a batch of tf.train.Examples: x in float32, scaled, and y
         features = tf.io.parse_example(serialized, {

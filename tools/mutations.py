@@ -47,7 +47,22 @@ TOWERS = node("tests/test_in_graph_replication.py",
 BUSY_TIME = node("tests/test_model_parallel_pipeline.py",
                  "test_a_stages_busy_time_is_its_devices_work_gpu_streams_included_never_its_waits")
 
+DATA_FILES = "tests/test_data_files.py"
 MUTATIONS = [
+    Mutation("TFRecord files: every worker reads every training file", "Distributed-Setup/train.py",
+             "from_tensor_slices(data.train_files).shard(num_workers, worker_index)",
+             "from_tensor_slices(data.train_files)",
+             node(DATA_FILES, "test_each_worker_reads_only_its_own_files_and_together_they_read_"
+                  "every_example"), None),
+    Mutation("An .npz: every worker trains on the whole set", "Distributed-Setup/train.py",
+             "shard = lambda: (x[worker_index::num_workers], y[worker_index::num_workers])",
+             "shard = lambda: (x, y)",
+             node(DATA_FILES, "test_an_npz_reaches_each_worker_as_its_own_shard_and_never_as_a_"
+                  "constant_of_the_graph"), None),
+    Mutation("TFRecord test files: the last, smaller batch dropped", "Distributed-Setup/train.py",
+             "    if xs:\n        yield batch(xs, ys)", "    if False:\n        yield batch(xs, ys)",
+             node(DATA_FILES, "test_the_test_files_stream_in_batches_of_the_size_asked_holding_"
+                  "the_whole_test_set"), None),
     Mutation("EASGD: alpha's sign flipped (the worker moves away from the centre)",
              "EASGD/train.py", "p.assign_sub(args.alpha * d, read_value=False)",
              "p.assign_sub(-args.alpha * d, read_value=False)", "tests/test_easgd.py", RULE),

@@ -1,0 +1,182 @@
+"""Data of a distributed job's size: --data_path's TFRecord files (tools/npz_to_tfrecord.py),
+each worker reading files of its own and the chief streaming the test files; an .npz that never
+becomes a constant of the graph; and the number of classes taken from the labels."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from support.examples import (ROOT, error_lines, load_train_module, run_train,
+                              run_train_noting_tensorflow)
+from support.runs import run_example
+
+CONVERTER = os.path.join(ROOT, "tools", "npz_to_tfrecord.py")
+CLUSTER = ["--job_name", "worker", "--ps_hosts", "localhost:1", "--worker_hosts", "localhost:2"]
+
+
+def numbered_set(path, train=96, test=30):
+    """An .npz whose every example says its own number: x is (number mod 256, number // 256,
+    then zeros) as uint8 pixels of a 4x4 image, the label its number mod 3."""
+    def examples(first, count):
+        x = np.zeros((count, 4, 4), np.uint8)
+        numbers = np.arange(first, first + count)
+        x[:, 0, 0], x[:, 0, 1] = numbers % 256, numbers // 256
+        return x, numbers % 3
+    (x_train, y_train), (x_test, y_test) = examples(0, train), examples(train, test)
+    np.savez(path, x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test)
+    return path
+
+
+def convert(npz, folder, *args):
+    proc = subprocess.run([sys.executable, CONVERTER, str(npz), str(folder)] + list(args),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return folder
+
+
+def number_of(x, scale):
+    """The example's number, back from its scaled pixels."""
+    pixels = np.rint(np.asarray(x).reshape(-1) * scale).astype(int)
+    return int(pixels[0] + 256 * pixels[1])
+
+
+@pytest.fixture(scope="module")
+def records(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("records")
+    npz = numbered_set(folder / "numbered.npz")
+    convert(npz, folder / "shards", "--shards", "4", "--test_shards", "2")
+    return folder / "shards"
+
+
+def test_the_converter_writes_every_example_once_and_says_the_layout_in_meta_json(records):
+    meta = json.loads((records / "meta.json").read_text())
+    assert meta == dict(x_shape=[4, 4, 1], x_dtype="uint8", x_scale=95.0,  # x_train's largest
+                        num_classes=3, train_examples=96, test_examples=30)
+    assert sorted(p.name for p in records.iterdir()) == [
+        "meta.json", "test-00000-of-00002.tfrecord", "test-00001-of-00002.tfrecord"] + [
+        "train-%05d-of-00004.tfrecord" % k for k in range(4)]
+
+
+def test_each_worker_reads_only_its_own_files_and_together_they_read_every_example(records):
+    # two workers of four files: worker k reads files k and k + 2, so the examples whose number
+    # mod 4 is k or k + 2 (the converter deals them round-robin), and nothing of the other's
+    module = load_train_module("Distributed-Setup")
+    tf = module.tf
+    data = module.load_dataset(str(records))
+    seen = {}
+    for worker in (0, 1):
+        with tf.Graph().as_default():
+            x, y = module.training_batches(data, 8, worker, 2, seed=0)
+            with tf.compat.v1.Session() as session:
+                batches = [session.run([x, y]) for _ in range(12)]  # two epochs of its 48
+        numbers = [number_of(row, data.scale) for xs, _ in batches for row in xs]
+        labels = [int(label) for _, ys in batches for label in ys]
+        assert labels == [n % 3 for n in numbers]  # each example's label came with it
+        seen[worker] = set(numbers)
+    assert seen[0] == {n for n in range(96) if n % 4 in (0, 2)}
+    assert seen[1] == {n for n in range(96) if n % 4 in (1, 3)}
+
+
+def test_the_test_files_stream_in_batches_of_the_size_asked_holding_the_whole_test_set(records):
+    module = load_train_module("Distributed-Setup")
+    data = module.load_dataset(str(records))
+    batches = list(module.test_batches(data, size=8))
+    assert [len(x) for x, _ in batches] == [8, 8, 8, 6]  # 15 in each file, read in turn
+    numbers = [number_of(row, data.scale) for x, _ in batches for row in x]
+    assert sorted(numbers) == list(range(96, 126))
+    assert all(x.dtype == np.float32 and x.shape[1:] == (4, 4, 1) for x, _ in batches)
+    assert [int(v) for _, y in batches for v in y] == [n % 3 for n in numbers]
+
+
+def test_two_workers_train_from_tfrecord_shards_each_naming_the_files_it_reads(tmp_path):
+    from sklearn.datasets import load_digits
+    digits = load_digits()
+    order = np.random.default_rng(0).permutation(len(digits.target))
+    x, y = digits.images.astype(np.uint8)[order], digits.target[order]
+    np.savez(tmp_path / "digits.npz", x_train=x[:1440], y_train=y[:1440], x_test=x[1440:],
+             y_test=y[1440:])
+    folder = convert(tmp_path / "digits.npz", tmp_path / "digits", "--shards", "4")
+    run = run_example("Distributed-Setup", tmp_path, "--data_path", str(folder), "--steps", "600")
+    assert run.code == 0, run.output[-3000:]
+    read = {}
+    for line in run.output.splitlines():
+        if "training files:" in line:  # [workerK] reading 2 of 4 training files: a,b
+            read[line.split("]")[0][1:]] = line.rsplit(": ", 1)[1].split(",")
+    assert sorted(read) == ["worker0", "worker1"], run.output[-3000:]
+    assert not set(read["worker0"]) & set(read["worker1"])
+    assert sorted(read["worker0"] + read["worker1"]) == sorted(
+        p.name for p in folder.iterdir() if p.name.startswith("train-"))
+    assert float(run.summary()["test_accuracy"]) >= 0.85
+
+
+def test_a_folder_of_fewer_training_files_than_workers_is_refused_in_one_line(tmp_path):
+    folder = convert(numbered_set(tmp_path / "n.npz"), tmp_path / "one", "--shards", "1")
+    run = run_example("Distributed-Setup", tmp_path, "--data_path", str(folder), "--steps", "50")
+    assert run.code != 0
+    assert "error: 1 training file(s) for 2 workers: each worker reads files of its own" in (
+        run.output), run.output[-2000:]
+
+
+@pytest.mark.parametrize("problem, message", [
+    ("no meta.json", "no readable meta.json"),
+    ("not a TFRecord", "is not a TFRecord file"),
+    ("no training files", "no training files (train-*.tfrecord)"),
+])
+def test_malformed_tfrecord_files_are_refused_in_one_line_before_tensorflow_loads(
+        records, tmp_path, problem, message):
+    folder = tmp_path / "copy"
+    folder.mkdir()
+    for path in records.iterdir():
+        (folder / path.name).write_bytes(path.read_bytes())
+    if problem == "no meta.json":
+        (folder / "meta.json").unlink()
+    elif problem == "not a TFRecord":
+        (folder / "train-00002-of-00004.tfrecord").write_text("x,y\n1,2\n")
+    else:
+        for path in folder.glob("train-*"):
+            path.unlink()
+    code, _, stderr, loaded = run_train_noting_tensorflow(
+        "Distributed-Setup", CLUSTER + ["--data_path", str(folder)])
+    assert code == 2 and not loaded, stderr
+    assert len(error_lines(stderr)) == 1 and message in stderr, stderr
+
+
+def test_a_hundred_classes_train_with_no_code_changed(tmp_path):
+    # the number of classes comes from the labels: 100 learnable classes (a template each, plus
+    # noise) in one process, far above the 1% that guessing reaches
+    rng = np.random.default_rng(0)
+    templates = rng.normal(size=(100, 32))
+    labels = rng.integers(0, 100, 4000)
+    x = (templates[labels] + 0.3 * rng.normal(size=(4000, 32))).astype(np.float32)
+    np.savez(tmp_path / "hundred.npz", x_train=x[:3000], y_train=labels[:3000],
+             x_test=x[3000:], y_test=labels[3000:])
+    code, stdout, stderr = run_train("Non-Distributed-Setup", [
+        "--data_path", str(tmp_path / "hundred.npz"), "--steps", "600", "--log_dir",
+        str(tmp_path / "logs")], timeout=120)
+    assert code == 0, stderr[-2000:]
+    summary = [l for l in stdout.splitlines() if " summary " in l][0]
+    assert float(summary.split("test_accuracy=")[1].split()[0]) > 0.5, summary
+
+
+def test_an_npz_reaches_each_worker_as_its_own_shard_and_never_as_a_constant_of_the_graph(
+        tmp_path):
+    # 4000 numbered examples of 1024 float32 (16 MB): the graph stays small, and worker k of 2
+    # trains on the examples whose number mod 2 is k, every one of them in an epoch
+    x = np.zeros((4000, 1024), np.float32)
+    x[:, 0] = np.arange(4000)
+    np.savez(tmp_path / "big.npz", x_train=x, y_train=np.arange(4000) % 7, x_test=x[:10],
+             y_test=np.arange(10) % 7)
+    module = load_train_module("Distributed-Setup")
+    tf = module.tf
+    data = module.load_dataset(str(tmp_path / "big.npz"))
+    assert data.num_classes == 7
+    for worker in (0, 1):
+        with tf.Graph().as_default() as graph:
+            x_batch, _ = module.training_batches(data, 100, worker, 2, seed=0)
+            assert graph.as_graph_def().ByteSize() < 100000  # the arrays are 16 MB
+            with tf.compat.v1.Session() as session:
+                numbers = {int(n) for _ in range(20) for n in session.run(x_batch)[:, 0]}
+        assert numbers == set(range(worker, 4000, 2))
