@@ -201,7 +201,7 @@ def main(argv=None):
 #   1. flags, and the workers from them or from TF_CONFIG (neither:
 #      this process alone); --data_path's file, checked           parse_flags, resolve_workers,
 #                                                                  check_cluster, positive_seconds,
-#                                                                  read_npz, as_float32
+#                                                                  read_npz, Pixels, as_float32
 #   2. TensorFlow loads after the checks; this task's server and
 #      its devices; a failure ends the task in one line           run_task, task_config, fail,
 #                                                                  cause
@@ -217,9 +217,9 @@ def main(argv=None):
 #                                                                  tensorboard_summary
 #   7. the summary line                                            end, print_summary
 #   8. the data's way in: TFRecord files; arrays that are no       read_records, records_dataset,
-#      constant of the graph; the test set in batches; a Keras    arrays_dataset, test_batches,
-#      model's weights as the parameters                          record_batches, keras_params,
-#                                                                  keras_logits
+#      constant of the graph; the test set in batches; a Keras    arrays_dataset, example_shape,
+#      model's weights as the parameters                          test_batches, record_batches,
+#                                                                  keras_params, keras_logits
 # >>> shared: flags
 def fail(message):
     """One line on stderr and exit status 2: for bad input and lost peers, never for bugs."""
@@ -287,10 +287,10 @@ NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
 
 def read_npz(path, classes=True):
     """--data_path's .npz: x_train, y_train, x_test and y_test, checked before TensorFlow loads,
-    and num_classes. Features of any shape: floats are kept as they are (in float32), integers
-    (pixels) are scaled to [0, 1] by the largest in x_train, a few thousand rows at a time (no
-    float64 copy of the whole set), and images (N, H, W) gain a channel axis (N, H, W, 1), as a
-    convolution takes them. Labels: with classes, whole numbers from 0, and num_classes is the
+    and num_classes. Features of any shape: floats are kept as they are (in float32); integers
+    (pixels) stay one byte each in memory, read in float32 scaled to [0, 1] by the largest in
+    x_train (Pixels); images (N, H, W) gain a channel axis (N, H, W, 1), as a convolution
+    takes them. Labels: with classes, whole numbers from 0, and num_classes is the
     largest + 1; without, any numbers (a regression's targets, in float32; num_classes None)."""
     try:
         with np.load(path) as f:
@@ -318,11 +318,33 @@ def read_npz(path, classes=True):
                 fail("%s: %s must hold class labels: whole numbers from 0" % (path, name))
         num_classes = int(max(y_train.max(), y_test.max())) + 1
     y_train, y_test = (y.astype(np.int64 if classes else np.float32) for y in (y_train, y_test))
-    scale = max(float(x_train.max()), 1.0) if x_train.dtype.kind != "f" else 1.0
-    x_train, x_test = (as_float32(x, scale) for x in (x_train, x_test))
     if x_train.ndim == 3:  # images without a channel axis
         x_train, x_test = x_train[..., np.newaxis], x_test[..., np.newaxis]
+    if x_train.dtype.kind == "f":
+        x_train, x_test = as_float32(x_train), as_float32(x_test)
+    else:  # integer pixels
+        scale = max(float(x_train.max()), 1.0)
+        x_train, x_test = Pixels(x_train, scale), Pixels(x_test, scale)
     return x_train, y_train, x_test, y_test, num_classes
+
+
+class Pixels(object):
+    """Integer pixels as they are in memory (a byte each, where float32 takes four), read as
+    float32 divided by scale (to [0, 1]), a slice at a time: x[rows] is float32, and so is
+    np.asarray(x). arrays_dataset hands a graph the bytes, and the graph scales them."""
+
+    def __init__(self, pixels, scale):
+        self.pixels, self.scale = pixels, scale
+        self.shape, self.dtype = pixels.shape, np.dtype(np.float32)
+
+    def __len__(self):
+        return len(self.pixels)
+
+    def __getitem__(self, rows):
+        return as_float32(self.pixels[rows], self.scale)
+
+    def __array__(self, dtype=None, copy=None):
+        return as_float32(self.pixels, self.scale)
 
 
 def as_float32(x, scale=1.0):
@@ -407,12 +429,22 @@ def arrays_dataset(x, y, worker_index, num_workers):
     the graph asks Python for the shard when the pipeline starts. In TensorFlow 2 (where
     ParameterServerStrategy sends the pipeline to its workers) the arrays themselves."""
     if tf.compat.v1.executing_eagerly_outside_functions():
-        return tf.data.Dataset.from_tensor_slices((x, y)).shard(num_workers, worker_index)
-    shard = lambda: (x[worker_index::num_workers], y[worker_index::num_workers])
+        return tf.data.Dataset.from_tensor_slices((np.asarray(x), y)).shard(num_workers,
+                                                                            worker_index)
+    pixels, scale = (x.pixels, x.scale) if isinstance(x, Pixels) else (x, None)
+    shard = lambda: (pixels[worker_index::num_workers], y[worker_index::num_workers])
     arrays = tf.data.Dataset.range(1).map(lambda _: tuple(tf.compat.v1.py_func(
-        shard, [], [tf.as_dtype(x.dtype), tf.as_dtype(y.dtype)], stateful=False)))
-    return arrays.map(lambda xs, ys: (tf.ensure_shape(xs, (None,) + x.shape[1:]),
-                                      tf.ensure_shape(ys, (None,) + y.shape[1:]))).unbatch()
+        shard, [], [tf.as_dtype(pixels.dtype), tf.as_dtype(y.dtype)], stateful=False)))
+    examples = arrays.map(lambda xs, ys: (tf.ensure_shape(xs, (None,) + x.shape[1:]),
+                                          tf.ensure_shape(ys, (None,) + y.shape[1:]))).unbatch()
+    if scale is None:
+        return examples
+    return examples.map(lambda xs, ys: (tf.cast(xs, tf.float32) / scale, ys))  # a byte a pixel
+
+
+def example_shape(data):
+    """The shape of one example: the arrays' rows, or the TFRecord files' x_shape."""
+    return data.shape if isinstance(data, Records) else data.x_train.shape[1:]
 
 
 def test_batches(test_set, size=1000):

@@ -105,7 +105,7 @@ def test_downpour_every_local_step_uses_a_new_batch():
     # Example ids as the only feature: the batch a local step trained on is visible in x.
     ids = np.arange(400)
     x = ids.reshape(-1, 1).astype(np.float32)
-    data = downpour.Dataset(x, ids % 10, x[:1], ids[:1])
+    data = downpour.Dataset(x, ids % 10, x[:1], ids[:1], num_classes=10)
     cluster, (worker,) = in_process_cluster()
     args = flags(downpour, "--window", "4", "--batch_size", "32")
     with tf.Graph().as_default() as graph:

@@ -195,7 +195,7 @@ def batches_of(train, worker, num_workers, n):
     import tensorflow as tf
     ids = np.arange(400)
     x = ids.reshape(-1, 1).astype(np.float32)  # the example's id as its one feature
-    data = train.Dataset(x, ids, x[:1], ids[:1])
+    data = train.Dataset(x, ids, x[:1], ids[:1], num_classes=400)
     with tf.Graph().as_default():
         _, y = train.training_batches(data, 32, worker, num_workers, seed=0)
         with tf.compat.v1.Session() as s:

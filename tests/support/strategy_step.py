@@ -34,7 +34,7 @@ def known_data(module, workers):
     n = EXAMPLES_PER_WORKER * workers
     return module.Dataset((rng.integers(0, 17, (n, FEATURES)) / 16).astype(np.float32),
                           rng.integers(0, 10, n).astype(np.int64),
-                          np.zeros((2, FEATURES), np.float32), np.zeros(2, np.int64))
+                          np.zeros((2, FEATURES), np.float32), np.zeros(2, np.int64), 10)
 
 
 def values(params):

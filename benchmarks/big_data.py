@@ -1,0 +1,177 @@
+"""Data of a distributed job's size: each process's peak memory, and the mini-batches per second,
+from an .npz and from TFRecord shards, against the digits.
+
+    python benchmarks/big_data.py                       # every run below, about 10 minutes
+    python benchmarks/big_data.py --runs digits,cifar   # some of them
+    python benchmarks/big_data.py --from_logs           # the table again, from the last runs
+
+The sets are generated (offline) with real shapes: uint8 images, each a class's template plus
+noise, learnable. CIFAR-shaped is 50,000 x 32x32x3 (614 MB as float32), "large" 200,000 x 3072
+(2.4 GB as float32); each has 10,000 test examples. A run is the example's own run.sh
+(Distributed-Setup: 1 ps + 2 workers) or Non-Distributed-Setup's train.py, --steps 300 at the
+defaults; a process's peak resident memory is its VmHWM in /proc, read twice a second.
+The table goes to benchmarks/results/big_data.md (with --out, there) and to stdout.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(ROOT, "benchmarks", "results")
+SETS = {"cifar": ((50000, 32, 32, 3), 10000), "large": ((200000, 3072), 10000)}
+# name: (the set, the example, "npz" or "records" (or None: the digits), what it shows)
+RUNS = {
+    "digits": (None, "Distributed-Setup", None, "the baseline: the digits in memory"),
+    "cifar": ("cifar", "Distributed-Setup", "npz", "goal: largest process under 2.5 GB"),
+    "large-one-process": ("large", "Non-Distributed-Setup", "npz",
+                          "goal: no 2 GB error, peak under 6 GB"),
+    "large-npz": ("large", "Distributed-Setup", "npz", "each worker holds the whole set"),
+    "large-records": ("large", "Distributed-Setup", "records",
+                      "goal: every process under 1.5 GB; mini-batches/s within 20% of npz"),
+}
+STEPS = 300
+
+
+def generate(name, folder):
+    """The set as an .npz of uint8 (and its TFRecord shards), made once in folder."""
+    npz = os.path.join(folder, name + ".npz")
+    shards = os.path.join(folder, name + "-records")
+    if not os.path.exists(npz):
+        (train_shape, test_count), rng = SETS[name], np.random.default_rng(0)
+        features = int(np.prod(train_shape[1:]))
+        templates = rng.integers(0, 256, (10, features)).astype(np.float32)
+
+        def examples(count):
+            x, y = np.empty((count, features), np.uint8), rng.integers(0, 10, count)
+            for i in range(0, count, 10000):  # a float copy of 10,000 rows at a time
+                noise = rng.integers(0, 256, (len(y[i:i + 10000]), features))
+                x[i:i + 10000] = 0.5 * templates[y[i:i + 10000]] + 0.5 * noise
+            return x.reshape((count,) + train_shape[1:]), y
+        x_train, y_train = examples(train_shape[0])
+        x_test, y_test = examples(test_count)
+        np.savez(npz + ".part.npz", x_train=x_train, y_train=y_train, x_test=x_test,
+                 y_test=y_test)
+        os.rename(npz + ".part.npz", npz)
+    if not os.path.exists(os.path.join(shards, "meta.json")):
+        subprocess.run([sys.executable, os.path.join(ROOT, "tools", "npz_to_tfrecord.py"), npz,
+                        shards, "--shards", "8"], check=True)
+    return npz, shards
+
+
+def peak_memory(stop, peaks, marker):
+    """Until stop is set: every process whose command line holds marker, its peak resident
+    memory (VmHWM, in MB), by role."""
+    while not stop.is_set():
+        for pid in os.listdir("/proc"):
+            try:
+                with open("/proc/%s/cmdline" % pid, "rb") as f:
+                    args = f.read().decode(errors="replace").split("\0")
+                if marker not in args or not any(a.endswith("train.py") for a in args):
+                    continue
+                role = "local"
+                if "--job_name" in args:
+                    role = args[args.index("--job_name") + 1] + args[args.index("--task_index") + 1]
+                with open("/proc/%s/status" % pid) as f:
+                    hwm = [l for l in f if l.startswith("VmHWM:")]
+                peaks[role] = max(peaks.get(role, 0), int(hwm[0].split()[1]) // 1024)
+            except (OSError, IndexError, ValueError):
+                continue  # gone, or not ours
+        time.sleep(0.5)
+
+
+def run(name, folder):
+    data_set, example, kind, _ = RUNS[name]
+    log_dir = os.path.join(folder, "logs", name)
+    metrics = os.path.join(folder, name + ".json")
+    args = ["--steps", str(STEPS), "--log_dir", log_dir, "--metrics_file", metrics]
+    if data_set:
+        npz, shards = generate(data_set, folder)
+        args += ["--data_path", npz if kind == "npz" else shards]
+    command = ([sys.executable, os.path.join(ROOT, example, "train.py")]
+               if example == "Non-Distributed-Setup" else
+               ["bash", os.path.join(ROOT, example, "run.sh")]) + args
+    stop, peaks = threading.Event(), {}
+    watcher = threading.Thread(target=peak_memory, args=(stop, peaks, log_dir), daemon=True)
+    watcher.start()
+    started = time.time()
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=1800)
+    seconds = time.time() - started
+    stop.set()
+    watcher.join()
+    errors = [l for l in (proc.stdout + proc.stderr).splitlines() if "error" in l.lower()]
+    result = dict(run=name, code=proc.returncode, seconds=round(seconds, 1), peaks_mb=peaks,
+                  errors=errors[:3])
+    if proc.returncode == 0:
+        with open(metrics) as f:
+            summary = json.load(f)
+        result.update(steps_per_sec=summary["steps_per_sec"],
+                      test_accuracy=summary.get("test_accuracy"))
+    with open(os.path.join(folder, name + ".result.json"), "w") as f:
+        json.dump(result, f)
+    return result
+
+
+def table(results):
+    lines = ["| run | data | example | training set as float32 | peak resident memory (MB), by process "
+             "| mini-batches/s | against the digits | test accuracy | seconds |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    digits = next((r.get("steps_per_sec") for r in results if r["run"] == "digits"), None)
+    for r in results:
+        data_set, example, kind, _ = RUNS[r["run"]]
+        size = "%.0f MB" % (4 * np.prod(SETS[data_set][0]) / 1e6) if data_set else "0.4 MB"
+        peaks = ", ".join("%s %d" % (role, mb) for role, mb in sorted(r["peaks_mb"].items()))
+        if r["code"] != 0:
+            lines.append("| %s | %s | %s | %s | %s | failed: %s | | | %.0f |" % (
+                r["run"], kind or "digits", example, size, peaks, "; ".join(r["errors"])[:200],
+                r["seconds"]))
+            continue
+        ratio = "%.2fx" % (r["steps_per_sec"] / digits) if digits else "n/a"
+        lines.append("| %s | %s | %s | %s | %s | %.0f | %s | %.3f | %.0f |" % (
+            r["run"], ("%s (%s)" % (data_set, kind)) if data_set else "digits", example, size,
+            peaks, r["steps_per_sec"], ratio, r["test_accuracy"], r["seconds"]))
+    return "\n".join(lines) + (
+        "\n\n%d mini-batches of 64 each run, at the defaults; Distributed-Setup: 1 ps + 2 workers "
+        "(run.sh); %d CPU core(s). Written by `python benchmarks/big_data.py`.\n" % (
+            STEPS, os.cpu_count()))
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--runs", default=",".join(RUNS), help="which runs, comma-separated: %s"
+                   % ", ".join(RUNS))
+    p.add_argument("--work", default="/tmp/big_data", help="where the sets and logs go "
+                   "(some 5 GB)")
+    p.add_argument("--out", default=RESULTS, help="where big_data.md goes")
+    p.add_argument("--from_logs", action="store_true", help="the table from the last runs")
+    args = p.parse_args(argv)
+    names = args.runs.split(",")
+    unknown = [n for n in names if n not in RUNS]
+    if unknown:
+        print("error: unknown run(s) %s: use %s" % (",".join(unknown), ", ".join(RUNS)),
+              file=sys.stderr)
+        return 2
+    os.makedirs(args.work, exist_ok=True)
+    results = []
+    for name in names:
+        if args.from_logs:
+            with open(os.path.join(args.work, name + ".result.json")) as f:
+                results.append(json.load(f))
+        else:
+            results.append(run(name, args.work))
+            print(json.dumps(results[-1]), flush=True)
+    text = table(results)
+    print(text)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "big_data.md"), "w") as f:
+        f.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
