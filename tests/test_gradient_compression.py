@@ -113,15 +113,14 @@ def test_qsgd_is_unbiased():
 
 
 @pytest.mark.rule
-def test_sign_packs_8_signs_a_byte_and_scales_them_by_the_mean_magnitude():
-    x = some_tensor((5, 3))  # 15 entries: the last byte is half padding
-    x[0, 0] = 0.0  # sign(0) is sent as +
+def test_sign_packs_5_signs_a_byte_zero_among_them_and_scales_them_by_the_mean_magnitude():
+    x = some_tensor((4, 3))  # 12 entries: the last byte is three fifths padding
+    x[0, 0] = x[2, 1] = 0.0  # zero is sent as zero, neither + nor -
     codec = Codec("sign", x)
     packed, scale = codec.session.run(codec.message, {codec.seed: (0, 0)})
-    assert packed.dtype == np.uint8 and packed.shape == (2,) and codec.bytes == 2 + 4
+    assert packed.dtype == np.uint8 and packed.shape == (3,) and codec.bytes == 3 + 4
     assert scale == pytest.approx(np.abs(x).mean(), rel=1e-6)
-    np.testing.assert_allclose(codec(), np.abs(x).mean() * np.where(x >= 0, 1.0, -1.0),
-                               rtol=1e-6)
+    np.testing.assert_allclose(codec(), np.abs(x).mean() * np.sign(x), rtol=1e-6)
 
 
 @pytest.mark.rule
@@ -132,7 +131,7 @@ def test_the_bytes_of_each_compressor_match_its_message():
     k = {n: max(1, round(0.1 * d)) for n, d in size.items()}
     expected = {"none": 4 * 138, "fp16": 2 * 138, "topk": 8 * sum(k.values()),
                 "randk": 4 * sum(k.values()), "qsgd": 138 + 4 * 4,
-                "sign": sum(math.ceil(d / 8) + 4 for d in size.values()),
+                "sign": sum(math.ceil(d / 5) + 4 for d in size.values()),
                 # rank 2: P (m x 2) and Q (n x 2) per matrix, the vectors dense
                 "powersgd": 4 * (2 * (5 + 8) + 2 * (8 + 10) + 8 + 10)}
     for name in COMPRESSORS:
@@ -271,6 +270,25 @@ def test_every_copy_takes_the_same_step_and_a_resync_repairs_a_copy_that_drifted
         session.run(ops.resync)
         for name, value in values(session, ops.local_params).items():
             np.testing.assert_array_equal(value, on_ps[name], err_msg=name)
+
+
+def build_with_a_blank_feature(args, cluster, x, y):
+    """build, on a batch whose first feature is always 0 (a blank pixel): its row of w1 gets
+    a gradient of exactly 0 at every step."""
+    return build(args, cluster, x * np.array([0, 1, 1, 1, 1], np.float32), y)
+
+
+@pytest.mark.rule
+def test_sign_without_error_feedback_leaves_a_coordinate_whose_gradient_is_0_where_it_is():
+    workers = worker_sessions(gc, build_with_a_blank_feature, 2, "--compressor", "sign",
+                              "--no-error_feedback")
+    ops, session, _ = workers[0]
+    first = values(session, ops.global_params)
+    for step in (1, 2, 3):
+        one_step(workers, lambda o: o.loss)
+    after = values(session, ops.global_params)
+    np.testing.assert_array_equal(after["w1"][0], first["w1"][0])  # the blank feature's row
+    assert np.all(after["w1"][1:] != first["w1"][1:]), "the other rows should all have moved"
 
 
 # --- End to end through run.sh --------------------------------------------------------------------
