@@ -139,32 +139,61 @@ def test_the_bytes_of_each_compressor_match_its_message():
         assert (ops.push_bytes, ops.pull_bytes) == (expected[name], expected[name]), name
 
 
-@pytest.mark.rule
-def test_powersgd_is_exact_on_a_matrix_of_rank_r():
+def powersgd_steps(p):
+    """PowerSGD's round trips for one worker on a real cluster, each step compressing the same
+    tensors p (name -> array): returns a function that runs one step and returns (sent, update,
+    the ps's parameters after it; they start at 0)."""
     import tensorflow as tf
-    rng = np.random.default_rng(1)
-    matrix = (rng.normal(size=(12, 2)) @ rng.normal(size=(2, 9))).astype(np.float32)  # rank 2
-    vector = rng.normal(size=5).astype(np.float32)
     cluster, [server] = in_process_cluster(1)
     with tf.Graph().as_default() as graph:
         args = flags(gc, "--compressor", "powersgd", "--rank", "2")
         with tf.compat.v1.device(gc.PS):
-            global_params = {"m": tf.compat.v1.Variable(tf.zeros([12, 9])),
-                             "v": tf.compat.v1.Variable(tf.zeros([5]))}
+            global_params = {n: tf.compat.v1.Variable(tf.zeros(x.shape)) for n, x in p.items()}
             step = tf.compat.v1.train.get_or_create_global_step()
         with tf.compat.v1.device("/job:worker/task:0"):
-            p = {"m": tf.constant(matrix), "v": tf.constant(vector)}
-            wire = gc.Wire(0, 1, gc.random_seeds(0, step.read_value() * 2, ["m", "v"]), False, {},
+            constants = {n: tf.constant(x) for n, x in p.items()}
+            wire = gc.Wire(0, 1, gc.random_seeds(0, step.read_value() * 2, sorted(p)), False, {},
                            lambda update, reply: gc.apply_on_ps(global_params, step, update, reply))
-            sent, update, _, _ = gc.powersgd_round_trips(gc.PowerSGD(args), p, wire)
+            sent, update, _, _ = gc.powersgd_round_trips(gc.PowerSGD(args), constants, wire)
         init = [tf.compat.v1.global_variables_initializer(),
                 tf.compat.v1.local_variables_initializer()]
     session = tf.compat.v1.Session(server.target, graph=graph, config=worker_config(0))
     session.run(init)
-    sent, update = session.run([sent, update])
-    for got in (sent["m"], update["m"], -values(session, global_params)["m"]):
+
+    def one_step():
+        step_sent, step_update = session.run([sent, update])
+        return step_sent, step_update, values(session, global_params)  # after the step
+    return one_step
+
+
+@pytest.mark.rule
+def test_powersgd_is_exact_on_a_matrix_of_rank_r():
+    rng = np.random.default_rng(1)
+    matrix = (rng.normal(size=(12, 2)) @ rng.normal(size=(2, 9))).astype(np.float32)  # rank 2
+    vector = rng.normal(size=5).astype(np.float32)
+    sent, update, on_ps = powersgd_steps({"m": matrix, "v": vector})()
+    for got in (sent["m"], update["m"], -on_ps["m"]):
         np.testing.assert_allclose(got, matrix, rtol=1e-4, atol=1e-5)
     np.testing.assert_array_equal(update["v"], vector)  # vectors go dense
+
+
+@pytest.mark.rule
+def test_powersgd_warm_starts_each_step_from_the_last_q_a_power_iteration():
+    # Vogels et al. 2019, Algorithm 1: each step starts from the Q the last one ended with. On
+    # the same matrix step after step that is a power iteration: the rank-2 approximation
+    # approaches the best one (the SVD's first two terms), here by about (s3 / s2)^2 = 1/4 a
+    # step. From the same random Q every step it would stay as far off as the first step is.
+    rng = np.random.default_rng(2)
+    u, _ = np.linalg.qr(rng.normal(size=(12, 4)))
+    v, _ = np.linalg.qr(rng.normal(size=(9, 4)))
+    singular = np.array([8.0, 4.0, 2.0, 1.0])
+    matrix = (u * singular @ v.T).astype(np.float32)
+    best = (u[:, :2] * singular[:2]) @ v[:, :2].T
+    step = powersgd_steps({"m": matrix})
+    errors = [np.linalg.norm(step()[0]["m"] - best) for _ in range(20)]
+    assert errors[0] > 0.1, "the first step is already the best: nothing left to show"
+    assert errors[-1] < 1e-3 * np.linalg.norm(best), errors
+    assert all(later < 0.75 * earlier for earlier, later in zip(errors[:8], errors[1:9])), errors
 
 
 # --- The step on a real cluster, op by op ---------------------------------------------------------

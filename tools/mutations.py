@@ -38,6 +38,9 @@ ELASTIC = "tests/test_examples_end_to_end.py::test_the_chief_evaluates_the_centr
 # EAMSGD's rule tests, and the exchange test it shares with AEASGD
 EAMSGD_RULE = ("tests/test_eamsgd.py", "tests/test_aeasgd.py::test_two_workers_exchanges_both_land_"
                "and_the_second_sees_the_first[EAMSGD]")
+TEST_METRICS = node("tests/test_plumbing.py",
+                    "test_the_test_metrics_are_means_over_every_example_each_batch_weighed_by_its_"
+                    "size")
 TF2_SPARSE_STEP = node("tests/test_sparse_embeddings.py",
                        "test_tensorflow_2_a_step_changes_only_the_rows_looked_up_in_both_slices",
                        "test_tensorflow_2_a_table_slice_with_a_dense_gradient_fails_loudly")
@@ -122,6 +125,15 @@ MUTATIONS = [
              RESTORE, RESTORE_ONLY_THE_STEP,
              node("tests/test_evolution_strategies.py",
                   "test_a_rerun_resumes_from_the_chiefs_checkpoint_with_every_copy_alike"), None),
+    Mutation("Distributed-Setup (the appendix): the test metrics' last, uneven batch weighed "
+             "as 1000 examples", "Distributed-Setup/train.py",
+             "totals[name] += value * len(feed[x])", "totals[name] += value * 1000",
+             TEST_METRICS, None),
+    Mutation("Distributed-Setup (the appendix): the test metrics, a mean of the batches' means",
+             "Distributed-Setup/train.py",
+             "totals[name] += value * len(feed[x])",
+             "totals[name] += value * len(x_test) / len(range(0, len(x_test), 1000))",
+             TEST_METRICS, None),
     Mutation("DOWNPOUR: pushes the mean of the gradients, not the sum", "DOWNPOUR/train.py",
              "[(a.read_value(), p) for a, p in", "[(a.read_value() / args.window, p) for a, p in",
              "tests/test_downpour.py", RULE),
@@ -229,6 +241,11 @@ MUTATIONS = [
     Mutation("Gradient-Compression: sign(0) sent as + (a zero gradient moves by -scale)",
              "Gradient-Compression/train.py", "tf.cast(tf.sign(flat), tf.int32) + 1",
              "tf.cast(tf.where(flat >= 0, 1.0, -1.0), tf.int32) + 1",
+             "tests/test_gradient_compression.py", RULE),
+    Mutation("Gradient-Compression: PowerSGD starts every step from the first Q (no warm start)",
+             "Gradient-Compression/train.py",
+             "for n in low_rank]):  # the next step starts from this Q",
+             "for n in []]):  # the next step starts from this Q",
              "tests/test_gradient_compression.py", RULE),
     Mutation("Gradient-Compression: the step counted before the ps applies it",
              "Gradient-Compression/train.py",
