@@ -6,7 +6,8 @@ What it teaches
     residual) to its update, pushes a compressed message of it to the ps and keeps what this one
     misses; the ps decodes the N messages, sums them, divides by N, compresses the mean again
     and sends that back; every worker decodes it and moves its own copy of the parameters, so
-    no dense tensor crosses the network but a resynchronisation every --resync steps.
+    no dense tensor crosses the network but a resynchronisation every --resync steps. One ps:
+    the messages meet there, and it applies each step to the parameters it holds.
 
 The update rule (step t, N workers, C a compressor, lr_eff = N * learning_rate as in Sync-SGD)
     worker k:  p_k <- lr_eff * grad L(local_params_k; next mini-batch of k) + e_k
@@ -505,6 +506,10 @@ def train(args, cluster, server, data):
 def main(argv=None):
     args = parse_flags(argv, example_flags)  # bad input fails here, before TensorFlow loads
     cluster = resolve_cluster(args)
+    if len(cluster["ps"]) > 1:  # the step applied on ps 0 would reach the others' variables dense
+        fail("%s runs on one ps, not %d: its messages meet on ps 0, which applies each step "
+             "to the parameters there (give one ps host; NUM_PS=1 for run.sh)"
+             % (EXAMPLE, len(cluster["ps"])))
     if args.levels > 127:
         fail("--levels %d does not fit QSGD's int8 levels: at most 127" % args.levels)
     if args.ratio > 1:

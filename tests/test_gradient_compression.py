@@ -9,7 +9,8 @@ import sys
 import numpy as np
 import pytest
 
-from support.examples import ROOT, error_lines, load_train_module, run_train
+from support.examples import (ROOT, error_lines, load_train_module, run_train,
+                              run_train_noting_tensorflow)
 from support.in_process import (flags, gradient_reference, in_process_cluster, in_threads, values,
                                 worker_config, worker_sessions)
 from support.namespaces import needs_namespaces
@@ -339,6 +340,18 @@ def test_flags_out_of_range_are_refused_in_one_line(argv, message):
                                                          "localhost:1", "--worker_hosts",
                                                          "localhost:2"] + argv)
     assert code == 2 and error_lines(stderr) == ["error: " + message]
+
+
+def test_more_than_one_ps_is_refused_in_one_line_before_tensorflow_loads():
+    # the step is applied on ps 0, where the messages meet: a variable on another ps would
+    # get that step dense over the network, every step
+    code, _, stderr, loaded = run_train_noting_tensorflow("Gradient-Compression", [
+        "--job_name", "worker", "--ps_hosts", "localhost:1,localhost:2", "--worker_hosts",
+        "localhost:3"])
+    assert code == 2 and not loaded
+    assert error_lines(stderr) == ["error: Gradient-Compression runs on one ps, not 2: its "
+                                   "messages meet on ps 0, which applies each step to the "
+                                   "parameters there (give one ps host; NUM_PS=1 for run.sh)"]
 
 
 @pytest.mark.benchmark
