@@ -314,7 +314,7 @@ def test_sign_without_error_feedback_leaves_a_coordinate_whose_gradient_is_0_whe
                               "--no-error_feedback")
     ops, session, _ = workers[0]
     first = values(session, ops.global_params)
-    for step in (1, 2, 3):
+    for _ in range(3):
         one_step(workers, lambda o: o.loss)
     after = values(session, ops.global_params)
     np.testing.assert_array_equal(after["w1"][0], first["w1"][0])  # the blank feature's row
