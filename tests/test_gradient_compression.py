@@ -347,7 +347,7 @@ def test_more_than_one_ps_is_refused_in_one_line_before_tensorflow_loads():
     # get that step dense over the network, every step
     code, _, stderr, loaded = run_train_noting_tensorflow("Gradient-Compression", [
         "--job_name", "worker", "--ps_hosts", "localhost:1,localhost:2", "--worker_hosts",
-        "localhost:3"])
+        "localhost:3", "--connect_timeout", "2"])  # were it taken: no ps there, a short wait
     assert code == 2 and not loaded
     assert error_lines(stderr) == ["error: Gradient-Compression runs on one ps, not 2: its "
                                    "messages meet on ps 0, which applies each step to the "
