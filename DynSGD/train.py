@@ -18,6 +18,8 @@ The update rule (worker k; the global step counts pushes and is the ps's clock)
             global_params <- global_params + (local_params - pulled_params) / (staleness + 1)
             global_step   <- global_step + 1
         pull, under the same lock: local_params <- global_params;  pulled_at[k] <- global_step
+    A push with no local step since the pull (a step run again on a new session, after its
+    start-up pulled) is not one: it changes nothing and the clock stays.
 
 Run it
     bash run.sh                                    # 1 ps + 2 workers on free localhost ports
@@ -127,13 +129,18 @@ def model_metrics(params, x, y):
 
 # --- The algorithm --------------------------------------------------------------------------------
 DynSgd = collections.namedtuple("DynSgd", "global_params local_params pulled_params pulled_at "
-                                "staleness_sum global_step loss local_step push pull push_and_pull")
+                                "staleness_sum global_step loss local_step trained push pull "
+                                "push_and_pull")
 
 
 def build_dynsgd(args, cluster, x, y, num_classes):
     """DynSGD's ops for this worker (the update rule above): local_step, an SGD step here; push,
     the change over staleness + 1 on the ps (its value: the global step; staleness_sum adds
     the staleness up); pull, which also notes pulled_at; push_and_pull, both in one run.
+    trained: whether this worker took a local step since its last pull. A push without one
+    is not counted: after a lost session the new session's pull comes first and the step
+    runs again, and that push (no change) must not move the clock, or every other worker
+    would look one push staler than it is.
 
     A push reads the clock, scales, adds and moves the clock on; a pull reads the parameters and
     the clock it read them at. Each runs whole in one critical section on the ps (a lock shared
@@ -151,17 +158,22 @@ def build_dynsgd(args, cluster, x, y, num_classes):
     with tf.compat.v1.device(worker):
         local_params, pulled_params = (worker_variables(
             copy, global_params, lambda p: p.read_value()) for copy in ("local", "pulled"))
+        trained = tf.compat.v1.Variable(False, trainable=False, name="trained_since_pull",
+                                        collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES])
         loss = model_loss(local_params, x, y)
         gradients = tf.gradients(loss, list(local_params.values()))
         with tf.control_dependencies([p.assign_sub(args.learning_rate * g, read_value=False)
-                                      for p, g in zip(local_params.values(), gradients)]):
+                                      for p, g in zip(local_params.values(), gradients)]
+                                     + [trained.assign(True, read_value=False)]):
             local_step = tf.identity(loss, name="local_step")
         change = {name: local_params[name] - pulled_params[name] for name in global_params}
+        trained_now = trained.read_value()
 
     ps = global_step.device
     with tf.compat.v1.device(ps):
         one_at_a_time = tf.CriticalSection(name="dynsgd_lock", shared_name="dynsgd_lock")
         arrived = {name: tf.identity(c) for name, c in change.items()}  # here before the lock
+        ticks = tf.cast(trained_now, tf.int64)  # 1, or 0: nothing trained since the pull
 
     def locked_on_the_ps(fn):
         """fn's ops, and the lock's, all on the ps: the lock is held for the ps's own work only.
@@ -180,10 +192,10 @@ def build_dynsgd(args, cluster, x, y, num_classes):
         applied = [theta.assign_add(scale * arrived[name], read_value=False)
                    for name, theta in global_params.items()]
         with tf.control_dependencies(applied):  # the clock moves once the parameters have
-            ticked = global_step.assign_add(1, read_value=False)
-            counted = staleness_sum.assign_add(staleness, read_value=False)
+            ticked = global_step.assign_add(ticks, read_value=False)
+            counted = staleness_sum.assign_add(staleness * ticks, read_value=False)
         with tf.control_dependencies([ticked, counted]):
-            return tf.identity(clock + 1)
+            return tf.identity(clock + ticks)
 
     def read_on_the_ps():  # inside the lock: the parameters and the clock they were read at
         values = {name: theta.read_value() for name, theta in global_params.items()}
@@ -196,14 +208,15 @@ def build_dynsgd(args, cluster, x, y, num_classes):
     def copy_global_to_local():
         values = locked_on_the_ps(read_on_the_ps)
         return tf.group(*[copy[n].assign(values[n], read_value=False)
-                          for copy in (local_params, pulled_params) for n in values])
+                          for copy in (local_params, pulled_params) for n in values],
+                        trained.assign(False, read_value=False))
     push = locked_on_the_ps(push_on_the_ps)
     pull = copy_global_to_local()
     with tf.control_dependencies([push]):
         with tf.control_dependencies([copy_global_to_local()]):
             push_and_pull = tf.identity(push)
     return DynSgd(global_params, local_params, pulled_params, pulled_at, staleness_sum,
-                  global_step, loss, local_step, push, pull, push_and_pull)
+                  global_step, loss, local_step, trained, push, pull, push_and_pull)
 
 
 # >>> shared: worker variables

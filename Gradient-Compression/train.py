@@ -6,7 +6,8 @@ What it teaches
     residual) to its update, pushes a compressed message of it to the ps and keeps what this one
     misses; the ps decodes the N messages, sums them, divides by N, compresses the mean again
     and sends that back; every worker decodes it and moves its own copy of the parameters, so
-    no dense tensor crosses the network but a resynchronisation every --resync steps.
+    no dense tensor crosses the network but a resynchronisation every --resync steps. One ps:
+    the messages meet there, and it applies each step to the parameters it holds.
 
 The update rule (step t, N workers, C a compressor, lr_eff = N * learning_rate as in Sync-SGD)
     worker k:  p_k <- lr_eff * grad L(local_params_k; next mini-batch of k) + e_k
@@ -412,22 +413,25 @@ class QSGD(Compressor):
 
 
 class Sign(Compressor):
-    """Each entry's sign, 8 to a byte, and one scale, the mean magnitude (the l1 norm / d, as
-    EF-signSGD): d/8 + 4 bytes. The ps's reply is the sign of the workers' scaled sum, a vote
-    weighted by each worker's scale (Bernstein et al. 2019; Karimireddy et al. 2019)."""
+    """Each entry's sign, +, - or 0, five to a byte (3^5 = 243 values fit in 256), and one
+    scale, the mean magnitude (the l1 norm / d, as EF-signSGD): d/5 + 4 bytes. Zero is sent
+    as zero: an entry whose update is always 0 never moves. The ps's reply is the sign of the
+    workers' scaled sum, a vote weighted by each worker's scale (Bernstein et al. 2019;
+    Karimireddy et al. 2019)."""
+    DIGITS = [81, 27, 9, 3, 1]  # a byte holds five base-3 digits, sign + 1 in {0, 1, 2}
 
     def encode(self, x, seed):
         flat = tf.reshape(x, [-1])
         d = flat.shape[0]
-        bits = tf.pad(tf.cast(flat >= 0, tf.int32), [[0, 8 * math.ceil(d / 8) - d]])
-        packed = tf.reduce_sum(tf.reshape(bits, [-1, 8]) * [128, 64, 32, 16, 8, 4, 2, 1], axis=1)
+        digits = tf.pad(tf.cast(tf.sign(flat), tf.int32) + 1, [[0, 5 * math.ceil(d / 5) - d]],
+                        constant_values=1)  # the padding, zeros
+        packed = tf.reduce_sum(tf.reshape(digits, [-1, 5]) * self.DIGITS, axis=1)
         return tf.cast(packed, tf.uint8), tf.reduce_mean(tf.abs(flat))
 
     def decode(self, message, shape, seed):
         packed, scale = message
-        shifts = tf.constant([7, 6, 5, 4, 3, 2, 1, 0], tf.uint8)
-        bits = tf.bitwise.bitwise_and(tf.bitwise.right_shift(packed[:, None], shifts), 1)
-        signs = 2.0 * tf.cast(tf.reshape(bits, [-1])[:shape.num_elements()], tf.float32) - 1.0
+        digits = tf.math.floormod(tf.cast(packed, tf.int32)[:, None] // self.DIGITS, 3)
+        signs = tf.cast(tf.reshape(digits, [-1])[:shape.num_elements()] - 1, tf.float32)
         return scale * tf.reshape(signs, shape)
 
 
@@ -503,6 +507,10 @@ def train(args, cluster, server, data):
 def main(argv=None):
     args = parse_flags(argv, example_flags)  # bad input fails here, before TensorFlow loads
     cluster = resolve_cluster(args)
+    if len(cluster["ps"]) > 1:  # the step applied on ps 0 would reach the others' variables dense
+        fail("%s runs on one ps, not %d: its messages meet on ps 0, which applies each step "
+             "to the parameters there (give one ps host; NUM_PS=1 for run.sh)"
+             % (EXAMPLE, len(cluster["ps"])))
     if args.levels > 127:
         fail("--levels %d does not fit QSGD's int8 levels: at most 127" % args.levels)
     if args.ratio > 1:

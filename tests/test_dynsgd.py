@@ -65,6 +65,37 @@ def test_a_push_that_is_one_push_old_lands_at_half_its_size():
     assert list(s0.run(ops0.pulled_at)) == [0, 2]
 
 
+@pytest.mark.rule
+def test_a_push_run_again_after_a_lost_sessions_pull_is_not_counted():
+    # Worker 0 loses its session in the middle of a push-and-pull (a task restarted). Its new
+    # session starts as Worker.new_session starts one (its own variables initialised, then the
+    # pull) and the step runs again: that push carries no change and must not move the clock,
+    # or worker 1, which pulled before, would be scaled as one push staler than it is.
+    workers = worker_sessions(dynsgd, dynsgd.build_dynsgd, 2,
+                              extra=lambda args, ops: tf.compat.v1.local_variables_initializer())
+    (ops0, s0, local_init0), (ops1, s1, _) = workers
+    s0.run(ops0.pull), s1.run(ops1.pull)
+    window(s0, ops0)
+    assert s0.run(ops0.push_and_pull) == 1  # the push that landed before the session was lost
+    s0.close()
+    s0 = tf.compat.v1.Session(s0.sess_str, graph=s0.graph, config=worker_config(0))
+    s0.run(local_init0), s0.run(ops0.pull)  # the new session's start-up
+    before = values(s0, ops0.global_params)
+    assert s0.run(ops0.push_and_pull) == 1, "the push run again moved the clock"
+    assert_same(values(s0, ops0.global_params), before)
+    assert s0.run(ops0.staleness_sum) == 0
+    # worker 1's push is one push old (worker 0's first), so it lands at half its size
+    change1 = window(s1, ops1)
+    assert s1.run(ops1.push) == 2
+    for name, theta in values(s1, ops1.global_params).items():
+        np.testing.assert_allclose(theta - before[name], change1[name] / 2, rtol=1e-4, atol=1e-7,
+                                   err_msg=name)
+    assert s1.run(ops1.staleness_sum) == 1
+    # and worker 0's next window, trained after that pull, is a push again
+    window(s0, ops0)
+    assert s0.run(ops0.push_and_pull) == 3
+
+
 def mark_one_coordinate_of_w2(args, ops):
     """Ops to make the change a worker pushes one coordinate of w2 by 1 and nothing else, and
     to set the ps's w2 to zero."""
@@ -72,7 +103,8 @@ def mark_one_coordinate_of_w2(args, ops):
     w2 = ops.global_params["w2"]
     one_hot = tf.reshape(tf.one_hot(which, w2.shape.num_elements()), w2.shape)
     set_change = tf.group(*[ops.local_params[n].assign(
-        ops.pulled_params[n] + (one_hot if n == "w2" else 0.0)) for n in ops.global_params])
+        ops.pulled_params[n] + (one_hot if n == "w2" else 0.0)) for n in ops.global_params],
+        ops.trained.assign(True))  # as a window's local steps would leave it
     return which, set_change, w2.assign(tf.zeros(w2.shape))
 
 

@@ -9,7 +9,8 @@ import sys
 import numpy as np
 import pytest
 
-from support.examples import ROOT, error_lines, load_train_module, run_train
+from support.examples import (ROOT, error_lines, load_train_module, run_train,
+                              run_train_noting_tensorflow)
 from support.in_process import (flags, gradient_reference, in_process_cluster, in_threads, values,
                                 worker_config, worker_sessions)
 from support.namespaces import needs_namespaces
@@ -113,15 +114,14 @@ def test_qsgd_is_unbiased():
 
 
 @pytest.mark.rule
-def test_sign_packs_8_signs_a_byte_and_scales_them_by_the_mean_magnitude():
-    x = some_tensor((5, 3))  # 15 entries: the last byte is half padding
-    x[0, 0] = 0.0  # sign(0) is sent as +
+def test_sign_packs_5_signs_a_byte_zero_among_them_and_scales_them_by_the_mean_magnitude():
+    x = some_tensor((4, 3))  # 12 entries: the last byte is three fifths padding
+    x[0, 0] = x[2, 1] = 0.0  # zero is sent as zero, neither + nor -
     codec = Codec("sign", x)
     packed, scale = codec.session.run(codec.message, {codec.seed: (0, 0)})
-    assert packed.dtype == np.uint8 and packed.shape == (2,) and codec.bytes == 2 + 4
+    assert packed.dtype == np.uint8 and packed.shape == (3,) and codec.bytes == 3 + 4
     assert scale == pytest.approx(np.abs(x).mean(), rel=1e-6)
-    np.testing.assert_allclose(codec(), np.abs(x).mean() * np.where(x >= 0, 1.0, -1.0),
-                               rtol=1e-6)
+    np.testing.assert_allclose(codec(), np.abs(x).mean() * np.sign(x), rtol=1e-6)
 
 
 @pytest.mark.rule
@@ -132,7 +132,7 @@ def test_the_bytes_of_each_compressor_match_its_message():
     k = {n: max(1, round(0.1 * d)) for n, d in size.items()}
     expected = {"none": 4 * 138, "fp16": 2 * 138, "topk": 8 * sum(k.values()),
                 "randk": 4 * sum(k.values()), "qsgd": 138 + 4 * 4,
-                "sign": sum(math.ceil(d / 8) + 4 for d in size.values()),
+                "sign": sum(math.ceil(d / 5) + 4 for d in size.values()),
                 # rank 2: P (m x 2) and Q (n x 2) per matrix, the vectors dense
                 "powersgd": 4 * (2 * (5 + 8) + 2 * (8 + 10) + 8 + 10)}
     for name in COMPRESSORS:
@@ -140,32 +140,61 @@ def test_the_bytes_of_each_compressor_match_its_message():
         assert (ops.push_bytes, ops.pull_bytes) == (expected[name], expected[name]), name
 
 
-@pytest.mark.rule
-def test_powersgd_is_exact_on_a_matrix_of_rank_r():
+def powersgd_steps(p):
+    """PowerSGD's round trips for one worker on a real cluster, each step compressing the same
+    tensors p (name -> array): returns a function that runs one step and returns (sent, update,
+    the ps's parameters after it; they start at 0)."""
     import tensorflow as tf
-    rng = np.random.default_rng(1)
-    matrix = (rng.normal(size=(12, 2)) @ rng.normal(size=(2, 9))).astype(np.float32)  # rank 2
-    vector = rng.normal(size=5).astype(np.float32)
     cluster, [server] = in_process_cluster(1)
     with tf.Graph().as_default() as graph:
         args = flags(gc, "--compressor", "powersgd", "--rank", "2")
         with tf.compat.v1.device(gc.PS):
-            global_params = {"m": tf.compat.v1.Variable(tf.zeros([12, 9])),
-                             "v": tf.compat.v1.Variable(tf.zeros([5]))}
+            global_params = {n: tf.compat.v1.Variable(tf.zeros(x.shape)) for n, x in p.items()}
             step = tf.compat.v1.train.get_or_create_global_step()
         with tf.compat.v1.device("/job:worker/task:0"):
-            p = {"m": tf.constant(matrix), "v": tf.constant(vector)}
-            wire = gc.Wire(0, 1, gc.random_seeds(0, step.read_value() * 2, ["m", "v"]), False, {},
+            constants = {n: tf.constant(x) for n, x in p.items()}
+            wire = gc.Wire(0, 1, gc.random_seeds(0, step.read_value() * 2, sorted(p)), False, {},
                            lambda update, reply: gc.apply_on_ps(global_params, step, update, reply))
-            sent, update, _, _ = gc.powersgd_round_trips(gc.PowerSGD(args), p, wire)
+            sent, update, _, _ = gc.powersgd_round_trips(gc.PowerSGD(args), constants, wire)
         init = [tf.compat.v1.global_variables_initializer(),
                 tf.compat.v1.local_variables_initializer()]
     session = tf.compat.v1.Session(server.target, graph=graph, config=worker_config(0))
     session.run(init)
-    sent, update = session.run([sent, update])
-    for got in (sent["m"], update["m"], -values(session, global_params)["m"]):
+
+    def one_step():
+        step_sent, step_update = session.run([sent, update])
+        return step_sent, step_update, values(session, global_params)  # after the step
+    return one_step
+
+
+@pytest.mark.rule
+def test_powersgd_is_exact_on_a_matrix_of_rank_r():
+    rng = np.random.default_rng(1)
+    matrix = (rng.normal(size=(12, 2)) @ rng.normal(size=(2, 9))).astype(np.float32)  # rank 2
+    vector = rng.normal(size=5).astype(np.float32)
+    sent, update, on_ps = powersgd_steps({"m": matrix, "v": vector})()
+    for got in (sent["m"], update["m"], -on_ps["m"]):
         np.testing.assert_allclose(got, matrix, rtol=1e-4, atol=1e-5)
     np.testing.assert_array_equal(update["v"], vector)  # vectors go dense
+
+
+@pytest.mark.rule
+def test_powersgd_warm_starts_each_step_from_the_last_q_a_power_iteration():
+    # Vogels et al. 2019, Algorithm 1: each step starts from the Q the last one ended with. On
+    # the same matrix step after step that is a power iteration: the rank-2 approximation
+    # approaches the best one (the SVD's first two terms), here by about (s3 / s2)^2 = 1/4 a
+    # step. From the same random Q every step it would stay as far off as the first step is.
+    rng = np.random.default_rng(2)
+    u, _ = np.linalg.qr(rng.normal(size=(12, 4)))
+    v, _ = np.linalg.qr(rng.normal(size=(9, 4)))
+    singular = np.array([8.0, 4.0, 2.0, 1.0])
+    matrix = (u * singular @ v.T).astype(np.float32)
+    best = (u[:, :2] * singular[:2]) @ v[:, :2].T
+    step = powersgd_steps({"m": matrix})
+    errors = [np.linalg.norm(step()[0]["m"] - best) for _ in range(20)]
+    assert errors[0] > 0.1, "the first step is already the best: nothing left to show"
+    assert errors[-1] < 1e-3 * np.linalg.norm(best), errors
+    assert all(later < 0.75 * earlier for earlier, later in zip(errors[:8], errors[1:9])), errors
 
 
 # --- The step on a real cluster, op by op ---------------------------------------------------------
@@ -273,6 +302,25 @@ def test_every_copy_takes_the_same_step_and_a_resync_repairs_a_copy_that_drifted
             np.testing.assert_array_equal(value, on_ps[name], err_msg=name)
 
 
+def build_with_a_blank_feature(args, cluster, x, y):
+    """build, on a batch whose first feature is always 0 (a blank pixel): its row of w1 gets
+    a gradient of exactly 0 at every step."""
+    return build(args, cluster, x * np.array([0, 1, 1, 1, 1], np.float32), y)
+
+
+@pytest.mark.rule
+def test_sign_without_error_feedback_leaves_a_coordinate_whose_gradient_is_0_where_it_is():
+    workers = worker_sessions(gc, build_with_a_blank_feature, 2, "--compressor", "sign",
+                              "--no-error_feedback")
+    ops, session, _ = workers[0]
+    first = values(session, ops.global_params)
+    for _ in range(3):
+        one_step(workers, lambda o: o.loss)
+    after = values(session, ops.global_params)
+    np.testing.assert_array_equal(after["w1"][0], first["w1"][0])  # the blank feature's row
+    assert np.all(after["w1"][1:] != first["w1"][1:]), "the other rows should all have moved"
+
+
 # --- End to end through run.sh --------------------------------------------------------------------
 def test_the_default_run_pushes_and_pulls_top_k_messages(default_runs):
     # the bar and every process's end: test_examples_end_to_end.py
@@ -292,6 +340,18 @@ def test_flags_out_of_range_are_refused_in_one_line(argv, message):
                                                          "localhost:1", "--worker_hosts",
                                                          "localhost:2"] + argv)
     assert code == 2 and error_lines(stderr) == ["error: " + message]
+
+
+def test_more_than_one_ps_is_refused_in_one_line_before_tensorflow_loads():
+    # the step is applied on ps 0, where the messages meet: a variable on another ps would
+    # get that step dense over the network, every step
+    code, _, stderr, loaded = run_train_noting_tensorflow("Gradient-Compression", [
+        "--job_name", "worker", "--ps_hosts", "localhost:1,localhost:2", "--worker_hosts",
+        "localhost:3", "--connect_timeout", "2"])  # were it taken: no ps there, a short wait
+    assert code == 2 and not loaded
+    assert error_lines(stderr) == ["error: Gradient-Compression runs on one ps, not 2: its "
+                                   "messages meet on ps 0, which applies each step to the "
+                                   "parameters there (give one ps host; NUM_PS=1 for run.sh)"]
 
 
 @pytest.mark.benchmark

@@ -212,6 +212,30 @@ def test_each_worker_draws_its_own_batches_and_every_step_sees_a_new_one():
         assert len(set().union(*batches[:epoch])) == epoch * 32, "an epoch repeats an example"
 
 
+# --- The chief's test metrics ---------------------------------------------------------------------
+@pytest.mark.rule
+def test_the_test_metrics_are_means_over_every_example_each_batch_weighed_by_its_size():
+    # 2500 examples: batches of 1000, 1000 and an uneven 500. A quarter of the first 2000 are
+    # right and all of the last 500, so the accuracy is 1000 / 2500 = 0.4 (not the mean of the
+    # batches' means, 0.5, nor 1500 / 2500 with the last batch counted as 1000 examples)
+    import tensorflow as tf
+    train = load_train_module("Distributed-Setup")
+    count = 2500
+    right = (np.arange(count) >= 2000) | (np.arange(count) % 4 == 0)
+    labels = np.arange(count) % 10
+    guesses = np.where(right, labels, (labels + 1) % 10)
+    x_test, y_test = np.eye(10, dtype=np.float32)[guesses], labels  # a guess: a one-hot row
+    with tf.Graph().as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [None, 10])
+        y = tf.compat.v1.placeholder(tf.int64, [None])
+        metrics = {"accuracy": tf.reduce_mean(tf.cast(tf.equal(tf.argmax(x, 1), y), tf.float32)),
+                   "guess": tf.reduce_mean(tf.cast(tf.argmax(x, 1), tf.float32))}
+        with tf.compat.v1.Session() as session:
+            got = train.test_metrics_in_batches(session, metrics, x, y, (x_test, y_test))
+    assert got == {"accuracy": pytest.approx(right.mean(), abs=1e-6),
+                   "guess": pytest.approx(guesses.mean(), abs=1e-5)}
+    assert right.mean() == pytest.approx(0.4)
+
 
 # --- Errors from TensorFlow: the line that says what went wrong -----------------------------------
 def test_a_tensorflow_error_is_reported_by_its_cause_not_its_node_or_trace():
