@@ -14,6 +14,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import time
 from pathlib import Path
 
@@ -318,6 +319,19 @@ def test_a_notebook_whose_peers_never_start_fails_instead_of_hanging(name, error
     assert advice in failure.value.evalue  # the error says which notebook to start
     assert time.monotonic() - started < CELL_TIMEOUT
     assert_nothing_left_running(ports)
+
+
+def test_a_notebook_whose_port_is_taken_says_so_in_one_line(tmp_path):
+    ports, env = cluster_on_free_ports(wait_seconds=3)
+    with socket.socket() as squatter:  # an earlier run's server, as far as the ps can tell
+        squatter.bind(("localhost", ports[0]))
+        squatter.listen()
+        with pytest.raises(CellExecutionError) as failure:
+            asyncio.run(execute(copy_to(tmp_path, MULTIPLE_WORKERS_DIR + "PS-Task.ipynb"), env))
+    assert failure.value.ename == "OSError"
+    assert "port %d is already in use: by an earlier run?" % ports[0] in failure.value.evalue
+    assert "Kernel > Shut Down" in failure.value.evalue  # and what to do about it
+    assert_nothing_left_running(ports[1:])
 
 
 # --- The committed notebooks ---
