@@ -32,7 +32,9 @@ SINGLE_NOTEBOOKS = [
     "1-Servers.ipynb",
     "2-Parameter-Server.ipynb",
     "3-Local-then-Global-Variables.ipynb",
-    "5-Devices-and-In-Graph-Replication.ipynb",
+    "5-Starting-a-Run.ipynb",
+    "6-Synchronous-SGD.ipynb",
+    "7-Devices-and-In-Graph-Replication.ipynb",
 ]
 MULTIPLE_WORKERS = [
     "4-Multiple-Workers/PS-Task.ipynb",

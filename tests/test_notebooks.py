@@ -1,15 +1,20 @@
-"""The Basics-Tutorial notebooks run top to bottom, headless, each on a fresh kernel.
+"""The Basics-Tutorial notebooks run top to bottom, headless, each on a fresh kernel, and
+then a second time in the same kernel (a learner's Run All again).
 
 Every notebook is copied to a temporary folder and executed there, so the committed notebooks
 (and their outputs) are never touched. The three 4-Multiple-Workers notebooks run together, as
-the three processes of one cluster on free ports, and their printed output must show the
+the three processes of one cluster on free ports, twice, and their printed output must show the
 cross-worker effect. Afterwards no kernel and no TensorFlow server may be left running.
 """
 
 import asyncio
+import contextlib
+import copy
+import json
 import os
 import re
 import shutil
+import socket
 import time
 from pathlib import Path
 
@@ -25,7 +30,9 @@ SINGLE_NOTEBOOKS = [
     "1-Servers.ipynb",
     "2-Parameter-Server.ipynb",
     "3-Local-then-Global-Variables.ipynb",
-    "5-Devices-and-In-Graph-Replication.ipynb",
+    "5-Starting-a-Run.ipynb",
+    "6-Synchronous-SGD.ipynb",
+    "7-Devices-and-In-Graph-Replication.ipynb",
 ]
 MULTIPLE_WORKERS_DIR = "4-Multiple-Workers/"
 MULTIPLE_WORKERS = ["PS-Task.ipynb", "Worker-0.ipynb", "Worker-1.ipynb"]
@@ -34,6 +41,45 @@ ALL_NOTEBOOKS = SINGLE_NOTEBOOKS + [MULTIPLE_WORKERS_DIR + name for name in MULT
 CELL_TIMEOUT = 120  # seconds one cell may take
 PEER_WAIT_SECONDS = 60  # how long a 4-Multiple-Workers notebook waits for the others
 CLEANUP_SECONDS = 15  # how long a kernel may take to disappear after its notebook ended
+LONGEST_CODE_CELL = 30  # lines: a cell a learner reads at one glance
+
+# What a notebook's own output must show, on every run: the behaviour its text teaches.
+PROVEN_BY_OUTPUT = {
+    "1-Servers.ipynb": [
+        # without device_filters, a session waits for a worker that has not started, and
+        # neither of TensorFlow's time limits ends that wait
+        r"after 3 s the session still waits: True",
+    ],
+    "2-Parameter-Server.ipynb": [
+        r"bytes per ps task: \[38420, 38420\]",  # fixed_size_partitioner balances the ps tasks
+        r"SaveV2 ran on /job:worker/task:0",  # a Saver made outside the setter saves on the chief
+    ],
+    "3-Local-then-Global-Variables.ipynb": [
+        # report_uninitialized_variables() checks local variables too, unless given a list
+        r"worker 1 asks about global_variables\(\): \[\]",
+        r"worker 1 asks the default question: +\[b'local/weights'",
+    ],
+    "5-Starting-a-Run.ipynb": [
+        r"task \{\"type\": \"chief\", \"index\": 0\} +-> /job:worker/task:0",
+        r"task \{\"type\": \"worker\", \"index\": 0\} +-> /job:worker/task:1",
+        r"worker 1, asking the default question: \[b'local_steps'\]",
+        r"chief: initialised the variables",
+        r"global step 10; local steps of the workers: \[5, 5\]",
+        r"chief: restored the checkpoint of global step 10",
+        r"chief: the ps kept the variables: nothing to do",
+    ],
+    "6-Synchronous-SGD.ipynb": [
+        # the accumulators' counts and the token queue's size, between the steps
+        r"worker 0 has sent: +global_step=0  accumulators=\[1, 1\]  token_queue=0",
+        r"worker 0 is still waiting: True",
+        r"worker 1 has sent: +global_step=1  accumulators=\[0, 0\]  token_queue=0",
+        r"worker 0 took tokens \[2, 3, 4, 5, 6, 7, 8, 9, 10, 11\]",
+        r"worker 1 took tokens \[2, 3, 4, 5, 6, 7, 8, 9, 10, 11\]",
+        r"worker 0 alone: DeadlineExceededError after 2 s",
+        r"released the workers: +global_step=11  accumulators=\[1, 1\]  token_queue=2",
+        r"the chief's queue runner has ended: True",
+    ],
+}
 # one process runs them all (pytest-xdist): the cluster's notebooks share a module-scoped run,
 # and the last test checks that no kernel this process started is left
 pytestmark = pytest.mark.xdist_group("notebooks")
@@ -114,19 +160,50 @@ def copy_to(tmp_dir, relative_path):
     return target
 
 
-async def execute(path, env=None):
-    """Run a notebook top to bottom on a fresh kernel, in its folder; save and return the result."""
+def client_for(path):
     nb = nbformat.read(path, as_version=4)
-    client = NotebookClient(
+    return NotebookClient(
         nb,
         timeout=CELL_TIMEOUT,
         kernel_name="python3",
         record_timing=False,
         resources={"metadata": {"path": str(path.parent)}},
     )
+
+
+async def run_all(client, path):
+    """Every cell once, top to bottom, in the client's kernel; a copy of the notebook as run."""
+    for index, cell in enumerate(client.nb.cells):
+        await client.async_execute_cell(cell, index)
+    nbformat.write(client.nb, path)  # a temporary copy; kept for reading when a test fails
+    return copy.deepcopy(client.nb)
+
+
+async def execute(path, env=None):
+    """Run a notebook top to bottom on a fresh kernel, in its folder; save and return the result."""
+    client = client_for(path)
     await client.async_execute(env=dict(os.environ, **(env or {})))
-    nbformat.write(nb, path)  # a temporary copy; kept for reading when a test fails
-    return nb
+    nbformat.write(client.nb, path)
+    return client.nb
+
+
+async def execute_together(paths, env=None, times=1):
+    """Run the notebooks at the same time, each on a fresh kernel of its own, `times` times
+    in those kernels (a learner's Run All, and Run All again once all have finished). Returns,
+    for each run, the notebooks as they ran."""
+    clients = [client_for(path) for path in paths]
+    runs = []
+    async with contextlib.AsyncExitStack() as kernels:
+        for client in clients:
+            await kernels.enter_async_context(
+                client.async_setup_kernel(env=dict(os.environ, **(env or {}))))
+        for _ in range(times):
+            runs.append(await asyncio.gather(*(run_all(c, p) for c, p in zip(clients, paths))))
+    return runs
+
+
+def ports_named_in(text):
+    return sorted({int(port) for port in re.findall(r"localhost:(\d+)", text)})
 
 
 def printed(nb):
@@ -144,33 +221,42 @@ def printed(nb):
 
 
 @pytest.mark.parametrize("name", SINGLE_NOTEBOOKS)
-def test_notebook_runs_top_to_bottom_on_a_fresh_kernel(name, tmp_path):
-    nb = asyncio.run(execute(copy_to(tmp_path, name)))
+def test_notebook_runs_top_to_bottom_on_a_fresh_kernel_and_again_in_the_same_kernel(
+        name, tmp_path):
+    first, second = asyncio.run(execute_together([copy_to(tmp_path, name)], times=2))
+    first, second = first[0], second[0]  # (an error in a cell has failed the test by now)
 
-    code_cells = [cell for cell in nb.cells if cell.cell_type == "code"]
+    code_cells = [cell for cell in first.cells if cell.cell_type == "code"]
     assert [cell.execution_count for cell in code_cells] == list(range(1, len(code_cells) + 1))
-    assert printed(nb), "the notebook printed nothing"
-    assert_nothing_left_running()
+    assert printed(first), "the notebook printed nothing"
+    for run in (first, second):
+        for line in PROVEN_BY_OUTPUT.get(name, []):
+            assert re.search(line, printed(run)), "not printed: " + line
+    # the kernel is gone, and with it every server the notebook started (both runs')
+    assert_nothing_left_running(ports_named_in(printed(first) + printed(second)))
 
 
 # --- 4-Multiple-Workers: three notebooks, one cluster ---
 
 
 @pytest.fixture(scope="module")
-def multiple_workers(tmp_path_factory):
-    """Run the ps and both workers at the same time, each on its own kernel; their printouts."""
+def multiple_workers_twice(tmp_path_factory):
+    """Run the ps and both workers at the same time, each on its own kernel, then once more in
+    the same kernels (Run All again in all three); their printouts, run by run."""
     tmp_dir = tmp_path_factory.mktemp("multiple-workers")
     ports, env = cluster_on_free_ports(wait_seconds=PEER_WAIT_SECONDS)
     paths = [copy_to(tmp_dir, MULTIPLE_WORKERS_DIR + name) for name in MULTIPLE_WORKERS]
 
-    async def run_cluster():
-        return await asyncio.gather(*(execute(path, env) for path in paths))
-
     started = time.monotonic()
-    notebooks = asyncio.run(run_cluster())
+    runs = asyncio.run(execute_together(paths, env, times=2))
     assert time.monotonic() - started < 2 * PEER_WAIT_SECONDS
     assert_nothing_left_running(ports)
-    return dict(zip(["ps", "worker 0", "worker 1"], map(printed, notebooks)))
+    return [dict(zip(["ps", "worker 0", "worker 1"], map(printed, run))) for run in runs]
+
+
+@pytest.fixture(scope="module", params=["first run", "second run in the same kernels"])
+def multiple_workers(request, multiple_workers_twice):
+    return multiple_workers_twice[request.param.startswith("second")]
 
 
 def test_worker_1_sees_the_global_value_worker_0_wrote(multiple_workers):
@@ -235,7 +321,37 @@ def test_a_notebook_whose_peers_never_start_fails_instead_of_hanging(name, error
     assert_nothing_left_running(ports)
 
 
+def test_a_notebook_whose_port_is_taken_says_so_in_one_line(tmp_path):
+    ports, env = cluster_on_free_ports(wait_seconds=3)
+    with socket.socket() as squatter:  # an earlier run's server, as far as the ps can tell
+        squatter.bind(("localhost", ports[0]))
+        squatter.listen()
+        with pytest.raises(CellExecutionError) as failure:
+            asyncio.run(execute(copy_to(tmp_path, MULTIPLE_WORKERS_DIR + "PS-Task.ipynb"), env))
+    assert failure.value.ename == "OSError"
+    assert "port %d is already in use: by an earlier run?" % ports[0] in failure.value.evalue
+    assert "Kernel > Shut Down" in failure.value.evalue  # and what to do about it
+    assert_nothing_left_running(ports[1:])
+
+
 # --- The committed notebooks ---
+
+
+@pytest.mark.parametrize("name", ALL_NOTEBOOKS)
+def test_no_code_cell_is_longer_than_a_learner_reads_at_one_glance(name):
+    nb = nbformat.read(TUTORIAL / name, as_version=4)
+    too_long = [(index, len(cell.source.splitlines())) for index, cell in enumerate(nb.cells)
+                if cell.cell_type == "code" and len(cell.source.splitlines()) > LONGEST_CODE_CELL]
+    assert not too_long, "code cells (index, lines) over %d lines" % LONGEST_CODE_CELL
+
+
+def test_every_notebook_of_the_tutorial_is_tested_and_listed_in_its_readme():
+    found = sorted(str(path.relative_to(TUTORIAL)) for path in TUTORIAL.rglob("*.ipynb")
+                   if ".ipynb_checkpoints" not in str(path))
+    assert found == sorted(ALL_NOTEBOOKS)
+    readme = (TUTORIAL / "README.md").read_text()
+    for name in SINGLE_NOTEBOOKS:
+        assert name in readme
 
 
 @pytest.mark.parametrize("name", ALL_NOTEBOOKS)
@@ -247,8 +363,12 @@ def test_committed_notebook_keeps_the_outputs_of_one_top_to_bottom_run(name):
     outputs = [output for cell in code_cells for output in cell.outputs]
     assert not [output for output in outputs if output.output_type == "error"]
     text = nbformat.writes(nb)
-    for machine_specific in ("/root/", "/home/", "/tmp/", "oneDNN", "cuInit"):
+    for machine_specific in ("/root/", "/home/", "/tmp/"):
         assert machine_specific not in text
+    # TensorFlow's start-up lines, which cell 2 names, are left out of what the cells printed
+    printed_anywhere = json.dumps([output for output in outputs])
+    for startup_line in ("oneDNN", "cuInit", "Could not find cuda drivers"):
+        assert startup_line not in printed_anywhere
 
 
 def test_no_kernel_or_server_is_left_running():
