@@ -13,7 +13,7 @@ import published_tables  # noqa: E402  (benchmarks/ is not a package)
 
 SCRIPTS = ("compare.py", "throughput.py", "step_anatomy.py", "stragglers.py", "bandwidth.py",
            "window_sweep.py", "scaling.py", "sparse_embeddings.py", "pipeline.py", "ps_sweep.py",
-           "mnist1d_mlp.py", "decision_table.py", "compression.py")
+           "mnist1d_mlp.py", "decision_table.py", "compression.py", "big_data.py")
 
 
 def readmes_with_sections():
