@@ -86,8 +86,7 @@ def training_dataset(data, batch_size, worker_index, num_workers, seed):
     """This worker's endless stream of mini-batches: its own shard, reshuffled every epoch."""
     if isinstance(data, Records):  # files: this worker reads files of its own
         return records_dataset(data, batch_size, worker_index, num_workers, seed)
-    ds = arrays_dataset(data.x_train, data.y_train, worker_index, num_workers)
-    ds = ds.shuffle(len(data.x_train) // num_workers + 1, seed=seed)  # the shards differ
+    ds = arrays_dataset(data.x_train, data.y_train, worker_index, num_workers, seed)
     return ds.repeat().batch(batch_size, drop_remainder=True).prefetch(2)
 # <<< shared: data
 
@@ -423,23 +422,26 @@ def records_dataset(data, batch_size, worker_index, num_workers, seed):
     return records.map(parse, tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
 
 
-def arrays_dataset(x, y, worker_index, num_workers):
-    """This worker's shard of the arrays (x, y), example by example, never a constant of a
-    tf.compat.v1 graph (its GraphDef would hold the arrays: 2 GB at most, and copies in memory):
-    the graph asks Python for the shard when the pipeline starts. In TensorFlow 2 (where
-    ParameterServerStrategy sends the pipeline to its workers) the arrays themselves."""
+def arrays_dataset(x, y, worker_index, num_workers, seed):
+    """This worker's shard of the arrays (x, y), example by example, in a new order every epoch,
+    never a constant of a tf.compat.v1 graph (its GraphDef would hold the arrays: 2 GB at most,
+    and copies in memory): the graph asks Python for the shard when the pipeline starts, and
+    integer pixels (Pixels) stay a byte each until they leave the shuffle. In TensorFlow 2
+    (where ParameterServerStrategy sends the pipeline to its workers) the arrays themselves."""
     if tf.compat.v1.executing_eagerly_outside_functions():
-        return tf.data.Dataset.from_tensor_slices((np.asarray(x), y)).shard(num_workers,
-                                                                            worker_index)
+        examples = tf.data.Dataset.from_tensor_slices((np.asarray(x), y))
+        return examples.shard(num_workers, worker_index).shuffle(
+            len(x) // num_workers + 1, seed=seed)
     pixels, scale = (x.pixels, x.scale) if isinstance(x, Pixels) else (x, None)
     shard = lambda: (pixels[worker_index::num_workers], y[worker_index::num_workers])
     arrays = tf.data.Dataset.range(1).map(lambda _: tuple(tf.compat.v1.py_func(
         shard, [], [tf.as_dtype(pixels.dtype), tf.as_dtype(y.dtype)], stateful=False)))
     examples = arrays.map(lambda xs, ys: (tf.ensure_shape(xs, (None,) + x.shape[1:]),
                                           tf.ensure_shape(ys, (None,) + y.shape[1:]))).unbatch()
+    examples = examples.shuffle(len(x) // num_workers + 1, seed=seed)  # the shards differ
     if scale is None:
         return examples
-    return examples.map(lambda xs, ys: (tf.cast(xs, tf.float32) / scale, ys))  # a byte a pixel
+    return examples.map(lambda xs, ys: (tf.cast(xs, tf.float32) / scale, ys))
 
 
 def example_shape(data):

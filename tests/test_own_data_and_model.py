@@ -42,8 +42,7 @@ def load_dataset(data_path=""):
 
 
 def training_dataset(data, batch_size, worker_index, num_workers, seed):
-    ds = tf.data.Dataset.from_tensor_slices((data.x_train, data.y_train))
-    ds = ds.shard(num_workers, worker_index).shuffle(2000, seed=seed)
+    ds = arrays_dataset(data.x_train, data.y_train, worker_index, num_workers, seed)
     return ds.repeat().batch(batch_size, drop_remainder=True)
 '''
 
@@ -60,8 +59,7 @@ def load_dataset(data_path=""):
 
 
 def training_dataset(data, batch_size, worker_index, num_workers, seed):
-    ds = tf.data.Dataset.from_tensor_slices((data.x_train, data.y_train))
-    ds = ds.shard(num_workers, worker_index).shuffle(2000, seed=seed)
+    ds = arrays_dataset(data.x_train, data.y_train, worker_index, num_workers, seed)
     return ds.repeat().batch(batch_size, drop_remainder=True)
 '''
 
@@ -99,8 +97,7 @@ def load_dataset(data_path=""):
 
 
 def training_dataset(data, batch_size, worker_index, num_workers, seed):
-    ds = tf.data.Dataset.from_tensor_slices((data.x_train, data.y_train))
-    ds = ds.shard(num_workers, worker_index).shuffle(2000, seed=seed)
+    ds = arrays_dataset(data.x_train, data.y_train, worker_index, num_workers, seed)
     return ds.repeat().batch(batch_size, drop_remainder=True)
 '''
 
