@@ -126,7 +126,7 @@ Adag = collections.namedtuple("Adag", "global_params local_params pulled_params 
                               "loss local_step push pull push_and_pull")
 
 
-def build_adag(args, cluster, x, y, num_classes):
+def build_adag(args, cluster, x, y, num_classes=10):
     """ADAG's ops on the mini-batch stream (x, y), as in the update rule: local_step, push (its
     value: the global step), pull, and push_and_pull (both in one session run)."""
     worker = "/job:worker/task:%d" % args.task_index

@@ -146,7 +146,7 @@ Aeasgd = collections.namedtuple("Aeasgd", "centre local_params global_step loss 
                                 "exchange")
 
 
-def build_aeasgd(args, cluster, x, y, num_classes):
+def build_aeasgd(args, cluster, x, y, num_classes=10):
     """AEASGD's ops for this worker, on the mini-batch stream (x, y).
 
     local_step  one SGD step on local_params with the next mini-batch. Runs on this worker.

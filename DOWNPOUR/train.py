@@ -117,7 +117,7 @@ Downpour = collections.namedtuple("Downpour", "global_params local_params accumu
                                   "global_step loss local_step push pull push_and_pull")
 
 
-def build_downpour(args, cluster, x, y, num_classes):
+def build_downpour(args, cluster, x, y, num_classes=10):
     """This worker's ops on the mini-batch stream (x, y): the steps of the update rule above."""
     worker = "/job:worker/task:%d" % args.task_index
     with tf.compat.v1.device(ps_device(args, cluster)):

@@ -138,7 +138,7 @@ Diloco = collections.namedtuple("Diloco", "global_params local_params start inne
                                 "global_step loss inner_step outer_step optimizer release_workers")
 
 
-def build_diloco(args, cluster, x, y, num_classes):
+def build_diloco(args, cluster, x, y, num_classes=10):
     """This worker's ops: inner_step, a step of the inner optimizer on local_params alone;
     outer_step, a round, after which local_params and start hold the new global parameters."""
     workers, worker = len(cluster["worker"]), "/job:worker/task:%d" % args.task_index

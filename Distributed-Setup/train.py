@@ -132,7 +132,7 @@ def model_metrics(params, x, y):
 AsyncSGD = collections.namedtuple("AsyncSGD", "global_params global_step loss step")
 
 
-def build_async_sgd(args, cluster, x, y, num_classes):
+def build_async_sgd(args, cluster, x, y, num_classes=10):
     """One step of this worker on the mini-batch (x, y): read the ps, compute, apply on the ps.
 
     ps_device (below the banner: TensorFlow's replica_device_setter) puts every variable on the

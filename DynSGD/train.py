@@ -132,7 +132,7 @@ DynSgd = collections.namedtuple("DynSgd", "global_params local_params pulled_par
                                 "push_and_pull")
 
 
-def build_dynsgd(args, cluster, x, y, num_classes):
+def build_dynsgd(args, cluster, x, y, num_classes=10):
     """DynSGD's ops for this worker (the update rule above): local_step, an SGD step here; push,
     the change over staleness + 1 on the ps (its value: the global step; staleness_sum adds
     the staleness up); pull, which also notes pulled_at; push_and_pull, both in one run.

@@ -146,7 +146,7 @@ Eamsgd = collections.namedtuple("Eamsgd", "centre local_params velocity global_s
                                 "local_step exchange")
 
 
-def build_eamsgd(args, cluster, x, y, num_classes):
+def build_eamsgd(args, cluster, x, y, num_classes=10):
     """EAMSGD's ops for this worker, on the mini-batch stream (x, y). local_step: one Nesterov
     momentum step on local_params and velocity, on this worker. exchange: local_params and
     centre each move alpha times their difference towards the other; velocity stays. Counted in

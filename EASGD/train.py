@@ -134,7 +134,7 @@ Easgd = collections.namedtuple("Easgd", "centre local_params global_step local_s
                                "optimizer release_workers replicas_to_aggregate")
 
 
-def build_easgd(args, cluster, x, y, num_classes):
+def build_easgd(args, cluster, x, y, num_classes=10):
     """This worker's ops on its mini-batches (x, y): local_step runs alone, exchange in a round."""
     workers = len(cluster["worker"])
     n = workers - args.backup_workers  # N: the workers whose differences make a round

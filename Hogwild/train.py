@@ -124,7 +124,7 @@ def model_metrics(params, x, y):
 Hogwild = collections.namedtuple("Hogwild", "global_params global_step pulled_at loss step")
 
 
-def build_hogwild(args, cluster, x, y, num_classes):
+def build_hogwild(args, cluster, x, y, num_classes=10):
     """One Hogwild step of this worker on the mini-batch (x, y): pull, gradient, push; its value
     is the global step it made. replica_device_setter puts every variable on the ps and every
     other op on this worker: the parameters exist once, the gradient is computed here."""

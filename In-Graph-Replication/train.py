@@ -137,7 +137,7 @@ Towers = collections.namedtuple("Towers", "params global_step x_slices tower_gra
                                 "mean_gradients loss step")
 
 
-def build_towers(args, devices, controller, x, y, num_classes):
+def build_towers(args, devices, controller, x, y, num_classes=10):
     """One synchronous step over a tower per device, on the mini-batch (x, y).
 
     The variables, the split and the average live on the controller device; a tower reads the

@@ -116,7 +116,7 @@ def model_metrics(params, x, y):
 SGD = collections.namedtuple("SGD", "params global_step loss train_op")
 
 
-def build_sgd(args, x, y, num_classes):
+def build_sgd(args, x, y, num_classes=10):
     """Plain SGD: the variables live in this process and every step updates them."""
     global_step = tf.compat.v1.train.get_or_create_global_step()
     params = model_params(x.shape[1:], args.hidden, args.seed, num_classes)

@@ -135,7 +135,7 @@ SyncSGD = collections.namedtuple("SyncSGD", "global_params global_step loss trai
                                  "replicas_to_aggregate optimizer release_workers")
 
 
-def build_sync_sgd(args, cluster, x, y, num_classes):
+def build_sync_sgd(args, cluster, x, y, num_classes=10):
     """Synchronous SGD: gradients meet in accumulators on the ps; one averaged update a step."""
     workers = len(cluster["worker"])
     replicas_to_aggregate = workers - args.backup_workers
