@@ -137,7 +137,7 @@ def stopped_at_one_step(output, log_dir, env):
     assert sorted(stopped) == ["worker0", "worker1"], output[-3000:]
     assert stopped["worker1"] == stopped["worker0"], output[-3000:]
     assert os.path.basename(tf_latest_checkpoint(log_dir)) == "ckpt-%d" % stopped["worker0"]
-    assert "Traceback" not in output and "warning" not in output, output[-3000:]
+    assert "Traceback" not in output and "set no SIGTERM handler" not in output, output[-3000:]
     assert not glob.glob(os.path.join(env["TMPDIR"], "checkpoint-scratch-*"))
     return stopped["worker0"]
 
@@ -159,7 +159,7 @@ def test_a_worker_whose_log_dir_lacks_the_chiefs_checkpoint_takes_its_step_and_w
     assert_nothing_left(str(tmp_path))
 
 
-def run_workers(log_dirs, *args, env=None, sigterm=None, timeout=120):
+def run_workers(log_dirs, *args, env=None, sigterm=None, timeout=180):
     """Worker i of a cluster on localhost with --log_dir log_dirs[i], each train.py started by
     hand (run.sh gives every worker the same flags), run to its end: their exit codes and
     outputs. sigterm: (role, text), a SIGTERM to role once worker 0 has printed text."""
