@@ -30,27 +30,41 @@ for ((i = 0; i < NUM_WORKERS; i++)); do start worker $i; done
 
 # Supervise until every process has ended. A lost worker stops the others by itself: every step
 # needs all of them (they fail within --step_timeout). A failed chief stops the rest at once.
+# Exit status 42 is no failure but a preemption: after a SIGTERM every worker saves the same step
+# and exits 42 by itself, so the others are left to finish their own save (60 s at most).
 running() { for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && return 0; done; return 1; }
 stop() {  # TERM every process still running; KILL what is left after 5 s
   kill -TERM "${pids[@]}" 2>/dev/null; for ((t = 0; t < 50; t++)); do running && sleep 0.1; done
   kill -KILL "${pids[@]}" 2>/dev/null; wait
 }
 trap 'echo "[run.sh] interrupted: stopping every process"; stop; exit 130' INT TERM
-codes=() failed=""
+resume="NUM_WORKERS=$NUM_WORKERS bash $here/run.sh$(printf ' %q' "${args[@]}")"
+codes=() failed="" preempted_at=""
 while running; do
   sleep 0.2  # the pace of the checks
   for i in "${!pids[@]}"; do
     [[ -z ${codes[i]} ]] && ! kill -0 "${pids[i]}" 2>/dev/null || continue
     wait "${pids[i]}"; codes[i]=$?
-    ((codes[i])) || continue; failed+=" ${roles[i]} (exit ${codes[i]})"
+    ((codes[i] == 42)) && preempted_at=${preempted_at:-$SECONDS}
+    ((codes[i] && codes[i] != 42)) || continue; failed+=" ${roles[i]} (exit ${codes[i]})"
     [[ ${roles[i]} == worker0 ]] && echo "[run.sh] the chief (worker0) failed; resume from its" \
-      "last checkpoint with: NUM_WORKERS=$NUM_WORKERS bash $here/run.sh$(
-        printf ' %q' "${args[@]}")"
+      "last checkpoint with: $resume"
     if [[ ${roles[i]} == worker0 ]] && running; then
       echo "[run.sh] failed:$failed; stopping the others"; stop; exit 1
     fi
   done
+  if [[ -n $preempted_at ]] && ((SECONDS - preempted_at > 60)) && running; then
+    for i in "${!pids[@]}"; do
+      kill -0 "${pids[i]}" 2>/dev/null && failed+=" ${roles[i]} (running 60 s after exit 42)"
+    done
+    echo "[run.sh] preempted, but not every worker exited within 60 s; stopping them"; stop
+  fi
 done
 wait  # the labels print the last lines
 [[ -z $failed ]] || { echo "[run.sh] failed:$failed"; exit 1; }
+if [[ -n $preempted_at ]]; then
+  echo "[run.sh] preempted: the workers saved one step's checkpoint and exited 42;" \
+    "resume with: $resume"
+  exit 42
+fi
 echo "[run.sh] all processes finished"

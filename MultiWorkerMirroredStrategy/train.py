@@ -34,11 +34,13 @@ References
 """
 import argparse
 import collections
+import contextlib
 import glob
 import json
 import math
 import os
 import shutil
+import signal
 import socket
 import sys
 import tempfile
@@ -164,14 +166,19 @@ def train(args, cluster, data):
     mirrored = build_mirrored(args, cluster, data)
     checkpoint = tf.train.Checkpoint(global_step=mirrored.global_step, **mirrored.params)
     run = TrainingRun(args, cluster, lambda x, y: model_metrics(mirrored.params, x, y),
-                      data, checkpoint, is_chief=args.task_index == 0)
-    preemption = on_sigterm_save_and_exit(args, mirrored, run.manager)
+                      data, checkpoint, is_chief=args.task_index == 0,
+                      after_restore=lambda: take_the_chiefs_values(args, mirrored))
+    preemption = on_sigterm_save_and_exit(args, mirrored, run)
     replicas = mirrored.strategy.num_replicas_in_sync  # a mini-batch each in every step
     last_step = math.ceil(args.steps / replicas)  # --steps counts the mini-batches of all workers
-    for step in range(run.start_step + 1, last_step + 1):
-        loss = preemption.run(mirrored.train_step, mirrored.iterator)  # a step, or save and exit
-        if step % args.log_every == 0 or step == last_step:
-            run.progress(float(loss), step)  # every worker saves: a checkpoint is collective
+    try:
+        for step in range(run.start_step + 1, last_step + 1):
+            loss = preemption.run(mirrored.train_step, mirrored.iterator)  # a step, or save, exit
+            if step % args.log_every == 0 or step == last_step:
+                run.progress(float(loss), step)  # every worker saves: a checkpoint is collective
+    except tf.errors.OpError:  # a lost peer: run_and_exit says so in one line and exits
+        run.remove_scratch()
+        raise
     checksum = sum(float(tf.reduce_sum(p)) for p in mirrored.params.values())
     print("[worker%d] done: parameters checksum=%.9g" % (args.task_index, checksum), flush=True)
     steps = int(mirrored.global_step.numpy())
@@ -179,24 +186,85 @@ def train(args, cluster, data):
                    learning_rate_eff=args.learning_rate * replicas)
 
 
-def on_sigterm_save_and_exit(args, mirrored, checkpoints):
+def take_the_chiefs_values(args, mirrored):
+    """Every worker has restored the latest checkpoint in its own --log_dir, but only the
+    chief's is kept up to date: a worker whose --log_dir is a folder of its own (a pod's
+    emptyDir) would start at step 0 from the initial weights while the chief resumes at step S,
+    and the copies would differ for the whole run (the strategy copies worker 0's values only
+    when it makes the variables). So every copy takes the chief's step and weights, by an
+    all-reduce sum to which the first replica (on worker 0) adds its values and every other
+    replica zeros."""
+    variables = [mirrored.global_step] + list(mirrored.params.values())
+    own_step = int(mirrored.global_step.numpy())
+
+    @tf.function
+    def broadcast_from_the_chief():
+        def replica_fn():
+            context = tf.distribute.get_replica_context()
+            first = tf.equal(context.replica_id_in_sync_group, 0)
+            for v in variables:  # one by one: a list would be packed into one dtype
+                v.assign(context.all_reduce("sum", tf.where(first, v, tf.zeros_like(v))))
+        mirrored.strategy.run(replica_fn)
+    broadcast_from_the_chief()
+    step = int(mirrored.global_step.numpy())
+    if step != own_step:
+        print("[worker%d] resuming at the chief's global step %d, with its weights (this "
+              "worker's --log_dir gave step %d)" % (args.task_index, step, own_step), flush=True)
+
+
+def on_sigterm_save_and_exit(args, mirrored, run):
     """A worker sent SIGTERM (what Kubernetes sends a pod it is about to stop, a grace period
     before it kills it): every worker finishes the same step, the chief saves a checkpoint in
-    --log_dir (through checkpoints, the run's CheckpointManager), and every worker exits with
-    status PREEMPTED, so that the restarted run resumes there
-    (tf.distribute.experimental.PreemptionCheckpointHandler, through the cluster's coordination
-    service)."""
+    --log_dir (through run.manager, the run's CheckpointManager; the others in their scratch
+    folders, which they then remove), and every worker exits with status PREEMPTED, so that the
+    restarted run resumes there (tf.distribute.experimental.PreemptionCheckpointHandler,
+    through the cluster's coordination service)."""
     def exit_preempted():
         print("[worker%d] stopped by SIGTERM at global step %d: checkpoint saved in %s; start "
               "the run again to resume (exit status %d)" % (
                   args.task_index, int(mirrored.global_step.numpy()), args.log_dir, PREEMPTED),
               file=sys.stderr, flush=True)
+        run.remove_scratch()
         sys.stdout.flush()
         os._exit(PREEMPTED)  # the strategy's threads would keep an ordinary exit waiting
-    save = lambda: checkpoints.save(checkpoint_number=int(mirrored.global_step.numpy()))
-    return tf.distribute.experimental.PreemptionCheckpointHandler(
-        mirrored.strategy.cluster_resolver, checkpoints, termination_config=(
-            tf.distribute.experimental.TerminationConfig(exit_fn=exit_preempted, save_fn=save)))
+    save = lambda: run.manager.save(checkpoint_number=int(mirrored.global_step.numpy()))
+    # The handler counts the steps it runs, saves that count, and restores it from the
+    # checkpoints it is handed: the chief would count on from its checkpoint's count and a
+    # worker whose --log_dir lacks it from 0, and they would never agree on the step to save
+    # at. Handed an empty checkpoint that nothing saves (saves go through save), every worker
+    # counts from 0; the run restores the weights itself.
+    count_from_zero = tf.train.CheckpointManager(
+        tf.train.Checkpoint(), os.path.join(args.log_dir, "never-written"), max_to_keep=1)
+    with google_cloud_unseen():
+        handler = tf.distribute.experimental.PreemptionCheckpointHandler(
+            mirrored.strategy.cluster_resolver, count_from_zero, termination_config=(
+                tf.distribute.experimental.TerminationConfig(exit_fn=exit_preempted,
+                                                             save_fn=save)))
+    if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+        print("[worker%d] warning: TensorFlow's PreemptionCheckpointHandler set no SIGTERM "
+              "handler: a SIGTERM ends this worker without a checkpoint" % args.task_index,
+              file=sys.stderr, flush=True)
+    return handler
+
+
+@contextlib.contextmanager
+def google_cloud_unseen():
+    """TensorFlow 2.21's handler asks the metadata server at $GCE_METADATA_IP (by default
+    metadata.google.internal) whether it runs on Google Cloud. If so, it sets no SIGTERM
+    handler: on a CPU (or TPU) VM it watches nothing at all, whatever its TerminationConfig
+    says; on a GPU VM it polls the host-maintenance notice and trains on up to an hour after
+    it. Pointed at a closed port while the handler starts, it finds no Google Cloud, and a
+    SIGTERM saves and exits on every platform alike (a GPU VM's maintenance notice is not
+    watched: the SIGTERM of the VM's shutdown is)."""
+    saved = os.environ.get("GCE_METADATA_IP")
+    os.environ["GCE_METADATA_IP"] = "127.0.0.1:9"  # the discard port: refused at once
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ["GCE_METADATA_IP"]
+        else:
+            os.environ["GCE_METADATA_IP"] = saved
 
 
 def main(argv=None):
@@ -698,24 +766,29 @@ class TrainingRun(object):
     one saved with every progress line and at the end), progress lines, and the chief's test
     metrics, TensorBoard summaries and summary line. train() hands it test_metrics(x, y), a dict
     of metrics for a batch of test examples (each a mean over the batch), and test_set (the
-    data, or arrays (x, y): test_batches), fed to it in batches."""
+    data, or arrays (x, y): test_batches), fed to it in batches; and after_restore(), if
+    given, which runs once this task has restored what its --log_dir holds, before the step it
+    starts from is read."""
 
-    def __init__(self, args, cluster, test_metrics, test_set, checkpoint, is_chief=True):
+    def __init__(self, args, cluster, test_metrics, test_set, checkpoint, is_chief=True,
+                 after_restore=None):
         self.args, self.cluster, self.is_chief = args, cluster, is_chief
         self.test_metrics, self.test_set = test_metrics, test_set
         self.role = "%s%d" % (args.job_name, args.task_index)
-        # every task restores from the chief's checkpoints; only the chief's saves are kept
-        # (with MultiWorkerMirroredStrategy every task must save: the others save to scratch)
+        # every task restores the latest checkpoint in its --log_dir; only the chief's saves are
+        # kept (with MultiWorkerMirroredStrategy every task must save: the others save to
+        # scratch, and after_restore() then gives every copy the chief's values)
         self.scratch = None if is_chief else tempfile.mkdtemp(prefix="checkpoint-scratch-")
         self.manager = tf.train.CheckpointManager(checkpoint, self.scratch or args.log_dir,
                                                   max_to_keep=3)
-        self.start_step = 0
         latest = tf.train.latest_checkpoint(args.log_dir)
         if latest:
             checkpoint.restore(latest)
-            self.start_step = int(checkpoint.global_step.numpy())
             print("[%s] resuming from the checkpoint at global step %d"
-                  % (self.role, self.start_step), flush=True)
+                  % (self.role, int(checkpoint.global_step.numpy())), flush=True)
+        if after_restore:
+            after_restore()
+        self.start_step = int(checkpoint.global_step.numpy())
         self.writer = tf.summary.create_file_writer(args.log_dir) if is_chief else None
         self.history, self.started = [], time.time()
         self.progress_step, self.progress_time = self.start_step, self.started
@@ -754,7 +827,7 @@ class TrainingRun(object):
         """The final checkpoint; the chief evaluates and prints the summary (and its JSON)."""
         self.manager.save(checkpoint_number=global_step)
         if not self.is_chief:
-            shutil.rmtree(self.scratch, ignore_errors=True)
+            self.remove_scratch()
             return 0
         seconds = time.time() - self.started
         minibatches = (global_step - self.start_step) * minibatches_per_update
@@ -770,6 +843,12 @@ class TrainingRun(object):
         self.writer.close()
         print_summary(self.role, summary, self.history, self.args.metrics_file)
         return 0
+
+    def remove_scratch(self):
+        """A task that is not the chief removes its scratch checkpoints: at the end, and before
+        any os._exit (which skips every clean-up)."""
+        if self.scratch:
+            shutil.rmtree(self.scratch, ignore_errors=True)
 # <<< shared: tf2 run
 
 

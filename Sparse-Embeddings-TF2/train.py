@@ -775,24 +775,29 @@ class TrainingRun(object):
     one saved with every progress line and at the end), progress lines, and the chief's test
     metrics, TensorBoard summaries and summary line. train() hands it test_metrics(x, y), a dict
     of metrics for a batch of test examples (each a mean over the batch), and test_set (the
-    data, or arrays (x, y): test_batches), fed to it in batches."""
+    data, or arrays (x, y): test_batches), fed to it in batches; and after_restore(), if
+    given, which runs once this task has restored what its --log_dir holds, before the step it
+    starts from is read."""
 
-    def __init__(self, args, cluster, test_metrics, test_set, checkpoint, is_chief=True):
+    def __init__(self, args, cluster, test_metrics, test_set, checkpoint, is_chief=True,
+                 after_restore=None):
         self.args, self.cluster, self.is_chief = args, cluster, is_chief
         self.test_metrics, self.test_set = test_metrics, test_set
         self.role = "%s%d" % (args.job_name, args.task_index)
-        # every task restores from the chief's checkpoints; only the chief's saves are kept
-        # (with MultiWorkerMirroredStrategy every task must save: the others save to scratch)
+        # every task restores the latest checkpoint in its --log_dir; only the chief's saves are
+        # kept (with MultiWorkerMirroredStrategy every task must save: the others save to
+        # scratch, and after_restore() then gives every copy the chief's values)
         self.scratch = None if is_chief else tempfile.mkdtemp(prefix="checkpoint-scratch-")
         self.manager = tf.train.CheckpointManager(checkpoint, self.scratch or args.log_dir,
                                                   max_to_keep=3)
-        self.start_step = 0
         latest = tf.train.latest_checkpoint(args.log_dir)
         if latest:
             checkpoint.restore(latest)
-            self.start_step = int(checkpoint.global_step.numpy())
             print("[%s] resuming from the checkpoint at global step %d"
-                  % (self.role, self.start_step), flush=True)
+                  % (self.role, int(checkpoint.global_step.numpy())), flush=True)
+        if after_restore:
+            after_restore()
+        self.start_step = int(checkpoint.global_step.numpy())
         self.writer = tf.summary.create_file_writer(args.log_dir) if is_chief else None
         self.history, self.started = [], time.time()
         self.progress_step, self.progress_time = self.start_step, self.started
@@ -831,7 +836,7 @@ class TrainingRun(object):
         """The final checkpoint; the chief evaluates and prints the summary (and its JSON)."""
         self.manager.save(checkpoint_number=global_step)
         if not self.is_chief:
-            shutil.rmtree(self.scratch, ignore_errors=True)
+            self.remove_scratch()
             return 0
         seconds = time.time() - self.started
         minibatches = (global_step - self.start_step) * minibatches_per_update
@@ -847,6 +852,12 @@ class TrainingRun(object):
         self.writer.close()
         print_summary(self.role, summary, self.history, self.args.metrics_file)
         return 0
+
+    def remove_scratch(self):
+        """A task that is not the chief removes its scratch checkpoints: at the end, and before
+        any os._exit (which skips every clean-up)."""
+        if self.scratch:
+            shutil.rmtree(self.scratch, ignore_errors=True)
 # <<< shared: tf2 run
 
 

@@ -13,7 +13,8 @@ role (ps, worker; chief) that run deploy/entrypoint.py, which builds TF_CONFIG i
 NetworkPolicy: the TensorFlow servers have no authentication, so only the run's own pods may
 reach their port. Arguments after -- go to every train.py, after --log_dir /logs/<name>: /logs
 is a directory of the pod's own (emptyDir), or with --volume_claim a PersistentVolumeClaim, so
-that checkpoints outlive a pod and a restarted chief resumes from them.
+that checkpoints outlive a pod and a restarted chief resumes from them (recommended for
+MultiWorkerMirroredStrategy, whose every worker starts from worker 0's checkpoint).
 
 Every object carries the labels app.kubernetes.io/part-of=dtfg and dtfg/run=<name> (the pods
 also dtfg/role), so `kubectl get tfjob,service,networkpolicy,pod -l dtfg/run=<name>` (job for
@@ -92,7 +93,8 @@ def pod_spec(args, role, command, restart, env=(), subdomain=None):
     if args.volume_claim:
         spec["volumes"] = [{"name": "logs",
                             "persistentVolumeClaim": {"claimName": args.volume_claim}}]
-    else:  # the pod's own: kept while its container restarts, gone with the pod
+    else:  # the pod's own: kept while its container restarts, gone with the pod (then a chief,
+        # or MultiWorkerMirroredStrategy's worker 0, whose values every worker takes, starts over)
         spec["volumes"] = [{"name": "logs", "emptyDir": {}}]
     return spec
 

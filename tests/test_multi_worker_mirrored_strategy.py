@@ -1,18 +1,23 @@
 """MultiWorkerMirroredStrategy: every worker a full copy, gradients summed by all-reduce; copies
 stay identical; a lost worker stops the others in one line, and a rerun resumes."""
+import glob
+import http.server
 import json
 import os
-import re
+import shutil
 import signal
+import subprocess
+import sys
+import threading
 import time
 
 import pytest
 
-from support.examples import (ACCURACY_BAR, error_lines, load_train_module,
-                              run_train_noting_tensorflow)
+from support.examples import (environment_without_tf_config, error_lines, example_dir,
+                              load_train_module, run_train_noting_tensorflow)
 from support.in_process import flags
 from support.processes import assert_nothing_left, free_ports
-from support.runs import finish, read_until, start_example, started_pid
+from support.runs import finish, read_until, start_example, started_pid, summary_of
 from support.strategies import assert_one_sgd_step_of, one_strategy_step
 
 EXAMPLE = "MultiWorkerMirroredStrategy"
@@ -68,36 +73,125 @@ def test_a_killed_worker_stops_the_other_in_one_line_and_a_rerun_resumes(tmp_pat
     assert_nothing_left(str(tmp_path))
 
 
+@pytest.fixture
+def google_cloud_metadata():
+    """A metadata server that answers like Google Cloud's (any path: 200, Metadata-Flavor:
+    Google): its address, for GCE_METADATA_IP. TensorFlow 2.21's PreemptionCheckpointHandler
+    then takes the machine for a Google Cloud CPU VM, where by itself it watches no signal."""
+    class Metadata(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Metadata-Flavor", "Google")
+            self.end_headers()
+            self.wfile.write(b"NONE")
+
+        def log_message(self, *args):
+            pass
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Metadata)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield "127.0.0.1:%d" % server.server_address[1]
+    server.shutdown()
+    server.server_close()
+
+
 @pytest.mark.parametrize("victim", ["worker1", "worker0"])
 def test_a_sigterm_saves_a_checkpoint_at_one_step_on_every_worker_and_the_rerun_resumes_there(
-        tmp_path, victim):
+        tmp_path, victim, google_cloud_metadata):
     """What Kubernetes sends a pod before it stops it: every worker stops after the same step,
-    the chief's checkpoint is that step (not the last progress line's), both exit 42, and the
-    restarted run resumes from it."""
+    the chief's checkpoint is that step (not the last progress line's), every worker exits 42,
+    and the restarted run resumes from it. There worker 1's --log_dir is a folder of its own
+    (a pod's emptyDir), without the checkpoint: it takes the chief's step, and a SIGTERM stops
+    both at one step again (every worker counts its steps alike). All of it on what TensorFlow
+    takes for a Google Cloud CPU VM, where by itself it would watch no signal."""
     log_dir = str(tmp_path / "logs")
+    (tmp_path / "tmp").mkdir()
+    env = {"TMPDIR": str(tmp_path / "tmp"), "GCE_METADATA_IP": google_cloud_metadata}
     proc = start_example(EXAMPLE, ["--log_dir", log_dir, "--steps", "40000", "--log_every",
-                                   "100"])
+                                   "100"], env)
     seen = read_until(proc, "[worker0] global_step=200 ", timeout=180)
     os.kill(started_pid(seen, victim), signal.SIGTERM)
     run = finish(proc, timeout=60)
+    step = stopped_at_one_step(run.output, log_dir, env)
+    assert step > 200
+    assert run.code == 42 and "[run.sh] failed" not in run.output, run.output[-3000:]
+    assert ("[run.sh] preempted: the workers saved one step's checkpoint and exited 42; resume "
+            "with: NUM_WORKERS=2 bash ") in run.output, run.output[-3000:]
+    assert_nothing_left(str(tmp_path))
+    next_progress = (step // 100 + 1) * 100
+    codes, outputs = run_workers([log_dir, str(tmp_path / "worker1")], "--steps", "40000",
+                                 "--log_every", "100", env=env,
+                                 sigterm=(victim, "[worker0] global_step=%d " % next_progress))
+    assert codes == [42, 42], outputs
+    assert "[worker0] resuming from the checkpoint at global step %d" % step in outputs[0]
+    assert ("[worker1] resuming at the chief's global step %d, with its weights (this worker's "
+            "--log_dir gave step 0)" % step) in outputs[1], outputs[1]
+    assert stopped_at_one_step("\n".join(outputs), log_dir, env) > next_progress
+    assert_nothing_left(str(tmp_path))
+
+
+def stopped_at_one_step(output, log_dir, env):
+    """The step at which every worker stopped after a SIGTERM, checked: the same on both, the
+    chief's latest checkpoint, one line each and no scratch checkpoints left (in env's TMPDIR)."""
     stopped = {l.split("]")[0][1:]: int(l.split("at global step ")[1].split(":")[0])
-               for l in run.output.splitlines() if "stopped by SIGTERM at global step" in l}
-    assert sorted(stopped) == ["worker0", "worker1"], run.output[-3000:]
-    step = stopped["worker0"]
-    assert stopped["worker1"] == step and step > 200
-    assert run.code != 0 and "[run.sh] failed: worker" in run.output  # run.sh names the first
-    assert re.search(r"failed: worker[01] \(exit 42\)", run.output), run.output[-3000:]
-    assert os.path.basename(tf_latest_checkpoint(log_dir)) == "ckpt-%d" % step
-    assert "Traceback" not in run.output
+               for l in output.splitlines() if "stopped by SIGTERM at global step" in l}
+    assert sorted(stopped) == ["worker0", "worker1"], output[-3000:]
+    assert stopped["worker1"] == stopped["worker0"], output[-3000:]
+    assert os.path.basename(tf_latest_checkpoint(log_dir)) == "ckpt-%d" % stopped["worker0"]
+    assert "Traceback" not in output and "set no SIGTERM handler" not in output, output[-3000:]
+    assert not glob.glob(os.path.join(env["TMPDIR"], "checkpoint-scratch-*"))
+    return stopped["worker0"]
+
+
+def test_a_worker_whose_log_dir_lacks_the_chiefs_checkpoint_takes_its_step_and_weights(
+        tmp_path, default_runs):
+    # worker 1 with a --log_dir of its own (a pod's emptyDir), empty; the chief's holds the
+    # default run's checkpoint, at global step 1000
+    chiefs = str(tmp_path / "chief")
+    shutil.copytree(default_runs[EXAMPLE].log_dir, chiefs)
+    codes, outputs = run_workers([chiefs, str(tmp_path / "worker1")], "--steps", "2200",
+                                 "--log_every", "100")
+    assert codes == [0, 0], outputs
+    assert ("[worker1] resuming at the chief's global step 1000, with its weights (this "
+            "worker's --log_dir gave step 0)") in outputs[1], outputs[1]
+    assert summary_of(outputs[0], "worker0")["updates"] == "100"
+    sums = checksums(outputs[0] + outputs[1])
+    assert sorted(sums) == ["worker0", "worker1"] and len(set(sums.values())) == 1, sums
     assert_nothing_left(str(tmp_path))
-    again = finish(start_example(EXAMPLE, ["--log_dir", log_dir, "--steps", str(2 * step + 200)]),
-                   timeout=180)
-    assert again.code == 0, again.output[-3000:]
-    assert again.output.count("resuming from the checkpoint at global step %d" % step) == 2
-    summary = again.summary()
-    assert int(summary["updates"]) == int(summary["global_step"]) - step == 100
-    assert float(summary["test_accuracy"]) >= ACCURACY_BAR
-    assert_nothing_left(str(tmp_path))
+
+
+def run_workers(log_dirs, *args, env=None, sigterm=None, timeout=180):
+    """Worker i of a cluster on localhost with --log_dir log_dirs[i], each train.py started by
+    hand (run.sh gives every worker the same flags), run to its end: their exit codes and
+    outputs. sigterm: (role, text), a SIGTERM to role once worker 0 has printed text."""
+    hosts = ",".join("localhost:%d" % port for port in free_ports(len(log_dirs)))
+    procs = [subprocess.Popen(
+        [sys.executable, os.path.join(example_dir(EXAMPLE), "train.py"), "--job_name", "worker",
+         "--task_index", str(i), "--worker_hosts", hosts, "--log_dir", log_dir] + list(args),
+        env=environment_without_tf_config(env), stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True) for i, log_dir in enumerate(log_dirs)]
+    lines = [[] for _ in procs]
+    readers = [threading.Thread(target=lambda p=proc, l=lines[i]: l.extend(p.stdout), daemon=True)
+               for i, proc in enumerate(procs)]
+    for reader in readers:
+        reader.start()
+    deadline = time.time() + timeout
+    try:
+        if sigterm:
+            role, text = sigterm
+            while not any(text in line for line in list(lines[0])):
+                assert time.time() < deadline and procs[0].poll() is None, "".join(lines[0])
+                time.sleep(0.1)  # the pace of the checks
+            os.kill(procs[int(role[len("worker"):])].pid, signal.SIGTERM)
+        for proc in procs:
+            proc.wait(timeout=max(1, deadline - time.time()))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+        for reader in readers:
+            reader.join(10)
+    return [proc.returncode for proc in procs], ["".join(l) for l in lines]
 
 
 def tf_latest_checkpoint(log_dir):

@@ -49,6 +49,9 @@ TOWERS = node("tests/test_in_graph_replication.py",
               "test_one_update_moves_the_parameters_by_the_whole_batchs_gradient")
 BUSY_TIME = node("tests/test_model_parallel_pipeline.py",
                  "test_a_stages_busy_time_is_its_devices_work_gpu_streams_included_never_its_waits")
+# the SIGTERM run of MultiWorkerMirroredStrategy, SIGTERM to worker 1 and again after the resume
+MWMS_SIGTERM = node("tests/test_multi_worker_mirrored_strategy.py", "test_a_sigterm_saves_a_"
+                    "checkpoint_at_one_step_on_every_worker_and_the_rerun_resumes_there[worker1]")
 
 DATA_FILES = "tests/test_data_files.py"
 MUTATIONS = [
@@ -186,6 +189,25 @@ MUTATIONS = [
              "learning_rate = args.learning_rate * strategy.num_replicas_in_sync",
              "learning_rate = args.learning_rate", "tests/test_multi_worker_mirrored_strategy.py",
              RULE),
+    Mutation("MultiWorkerMirroredStrategy: each worker keeps what its own --log_dir gave",
+             "MultiWorkerMirroredStrategy/train.py", "    broadcast_from_the_chief()\n",
+             "    pass\n", node("tests/test_multi_worker_mirrored_strategy.py",
+                            "test_a_worker_whose_log_dir_lacks_the_chiefs_checkpoint_takes_its_"
+                            "step_and_weights"), None),
+    Mutation("MultiWorkerMirroredStrategy: the SIGTERM handler counts on from the chief's count",
+             "MultiWorkerMirroredStrategy/train.py",
+             "mirrored.strategy.cluster_resolver, count_from_zero,",
+             "mirrored.strategy.cluster_resolver, run.manager,", MWMS_SIGTERM, None),
+    Mutation("MultiWorkerMirroredStrategy: on Google Cloud the handler watches no SIGTERM",
+             "MultiWorkerMirroredStrategy/train.py", "    with google_cloud_unseen():\n",
+             "    with contextlib.nullcontext():\n", MWMS_SIGTERM, None),
+    Mutation("MultiWorkerMirroredStrategy: a preempted worker leaves its scratch checkpoints",
+             "MultiWorkerMirroredStrategy/train.py",
+             "        run.remove_scratch()\n        sys.stdout.flush()\n",
+             "        sys.stdout.flush()\n", MWMS_SIGTERM, None),
+    Mutation("MultiWorkerMirroredStrategy: run.sh takes exit 42 for a failure",
+             "MultiWorkerMirroredStrategy/run.sh", "((codes[i] && codes[i] != 42)) || continue",
+             "((codes[i])) || continue", MWMS_SIGTERM, None),
     Mutation("DiLoCo: outer gradient with the wrong sign", "DiLoCo/train.py",
              "outer_gradients = [start[n] - p for", "outer_gradients = [p - start[n] for",
              "tests/test_diloco.py", RULE),
