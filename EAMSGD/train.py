@@ -110,7 +110,7 @@ def training_batches(data, batch_size, worker_index, num_workers, seed):
 
 # --- Model (replace with your own) ----------------------------------------------------------------
 # >>> shared: model
-def model_params(input_shape, hidden, seed, num_classes):
+def model_params(input_shape, hidden, seed, num_classes=10):
     """The MLP's variables, made under the current device scope (the ps, in the examples), for
     examples of input_shape (a row of features, or an image that the MLP reads as one row)."""
     glorot = lambda i: tf.compat.v1.glorot_uniform_initializer(seed=seed * 10 + i)
