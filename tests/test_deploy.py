@@ -540,7 +540,8 @@ def test_the_image_installs_what_train_py_needs_at_the_versions_of_requirements_
                      if isinstance(node, ast.ImportFrom) and node.level == 0}
     installed = {distribution(r) for r in image}
     for module in sorted(imported - set(sys.stdlib_module_names)):
-        assert {d.lower() for d in provides.get(module, [module])} & installed, module
+        assert {d.lower().replace("_", "-") for d in provides.get(module, [module])} & installed, (
+            module)
 
 
 def test_the_image_runs_as_a_user_of_its_own_and_the_entrypoint():

@@ -21,16 +21,31 @@ AUC_BAR = 0.62
 # defaults (support/runs.py, DefaultRuns) and the runs of a Keras model keep the environment the
 # README gives users, Keras and all: USERS_ENVIRONMENT.
 NO_KERAS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "no_keras")
-USERS_ENVIRONMENT = {"TF_USE_LEGACY_KERAS": os.environ.get("TF_USE_LEGACY_KERAS"),
-                     "PYTHONPATH": os.environ.get("PYTHONPATH")}
+USERS_KERAS = "TESTS_USERS_TF_USE_LEGACY_KERAS"  # the user's own value, for the processes started
+# after skip_keras_at_import (pytest-xdist's workers among them), which inherit the tests' value
+
+
+def users_environment():
+    """The variables as the user had them before skip_keras_at_import, in any process of a test
+    run: TF_USE_LEGACY_KERAS as it was, PYTHONPATH without support/no_keras (None: unset)."""
+    legacy = os.environ.get(USERS_KERAS, os.environ.get("TF_USE_LEGACY_KERAS"))
+    path = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != NO_KERAS]
+    return {"TF_USE_LEGACY_KERAS": legacy or None, "PYTHONPATH": os.pathsep.join(path) or None}
+
+
+USERS_ENVIRONMENT = users_environment()
 
 
 def skip_keras_at_import():
     """From now on this process and all it starts import TensorFlow without Keras."""
+    if USERS_KERAS not in os.environ:
+        os.environ[USERS_KERAS] = os.environ.get("TF_USE_LEGACY_KERAS", "")
     os.environ["TF_USE_LEGACY_KERAS"] = "1"
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        [NO_KERAS] + [p for p in [os.environ.get("PYTHONPATH")] if p])
-    sys.path.insert(0, NO_KERAS)
+    path = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    if NO_KERAS not in path:
+        os.environ["PYTHONPATH"] = os.pathsep.join([NO_KERAS] + [p for p in path if p])
+    if NO_KERAS not in sys.path:
+        sys.path.insert(0, NO_KERAS)
 
 
 def load_module(path, name):
