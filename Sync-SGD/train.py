@@ -187,30 +187,42 @@ class SyncReplicasStart(object):
     an OutOfRangeError. The lost session's thread ends with it.
 
     A chief that restarts while the ps keeps the variables repairs the round first. A round is
-    one take from each variable's accumulator, then the update, and a killed chief can leave it
-    half done: some accumulators taken (their step one ahead), the others holding a gradient,
-    no update, no tokens; the workers then wait for tokens for ever, and a chief that only set
-    every accumulator's step back (the hook's chief_init_op) waits for gradients that never
-    come. So the chief drops that round: the accumulators' gradients and the queue's tokens
-    go, the global step moves on by one, and each other worker gets a token of the new step.
-    A worker that was waiting sends its next gradient to it; one that was not finds a spare
-    token, and its next gradient is dropped as stale (the accumulators count steps): a spare
-    token costs a mini-batch, a missing one would stop the run. (It reads the optimizer's
-    accumulators and token queue, which SyncReplicasOptimizer keeps to itself.)
+    one take from each variable's accumulator and that variable's own update, each waiting only
+    for its own take; only the global step waits for all. A killed chief can leave it half done:
+    some accumulators taken (their step one ahead) and, almost always, their variables updated
+    by the round; the others holding a gradient, not updated; the global step not moved on, no
+    tokens. The workers then wait for tokens for ever, and a chief that only set every
+    accumulator's step back (the hook's chief_init_op) waits for gradients that never come. So
+    the chief drops that round: the accumulators' gradients and the queue's tokens go, the
+    global step moves on by one, and each other worker gets a token of the new step (the
+    chief's own first step waits until they have taken them, at most 15 s). What the
+    round updated stays: a partial step, some variables moved by the round's mean gradient,
+    the others not (nothing keeps their values from before it, to set them back; and the
+    gradients of the variables not updated may lack the killed chief's, to complete it). The
+    next round's gradients are taken at these parameters, as at any others. A worker that was
+    waiting sends its next gradient to the new step; one that was not finds a spare token, and
+    its next gradient is dropped as stale (the accumulators count steps): a spare token costs a
+    mini-batch, a missing one would stop the run. A take of the killed chief's may still wait
+    on an accumulator, until the ps sees that chief gone: the emptying waits for it (3 tries of
+    5 s), and if it stays the run ends in one line, for that take would carry the dropped
+    round's gradients into the next round. (It reads the optimizer's accumulators and token
+    queue, which SyncReplicasOptimizer keeps to itself.)
 
     run_round runs this worker's steps or rounds, one turn each. The accumulators count what
     they receive, not who sent it, so without backup workers no worker may send twice to a
     step. A worker killed while it waits for its token has that dequeue cancelled with its
-    call, and the token meant for it stays in the queue; another worker that takes it has a
-    token of the step it has just sent to. Were it to send again, its two sends would make the
-    step, and it would go on training alone, silently. It waits instead for the step to be
-    made without it: within --step_timeout, or the run ends in one line, as a lost quorum does.
-    (With backup workers two sends to a step are how the step follows the fast workers: no
-    check. A new session starts afresh: a step restored from a checkpoint may repeat a token.)"""
+    call, and the token meant for it stays in the queue. Another worker that takes it has a
+    token of the step it has just sent to (its local step: set by each session's set-up, then
+    by each token taken; so a new session's or process's first step, when spare tokens are
+    found, is checked too). Were it to send again, its two sends would make the step, and it
+    would go on training alone, silently. It waits instead for the step to be made without it:
+    within --step_timeout, or the run ends in one line, as a lost quorum does. (With backup
+    workers two sends to a step are how the step follows the fast workers: no check.)"""
 
     def __init__(self, optimizer, workers, is_chief):
         self.optimizer, self.is_chief = optimizer, is_chief
-        self.sessions, self.token = 0, None  # sessions set up; the token this worker last took
+        self.local_step = None  # the step this worker's next gradient goes to
+        self.tries, self.try_seconds = 3, 5  # the emptying of an accumulator, at most
         if not is_chief:
             return
         global_step, queue = optimizer._global_step, optimizer._sync_token_queue
@@ -228,16 +240,18 @@ class SyncReplicasStart(object):
     def __call__(self, session, kept_variables):
         """kept_variables: the chief found the variables on the ps (Worker.kept_variables)."""
         optimizer = self.optimizer
-        self.sessions += 1  # tokens of the lost session say nothing of this one's steps
         # the hook's check that the variables are ready, made already by Worker.new_session:
         # marked used, or TensorFlow logs an error that it never was when the process ends
         optimizer.ready_for_local_init_op.mark_used()
         if self.is_chief and kept_variables:
             self.drop_the_round(session)
         session.run(optimizer.chief_init_op if self.is_chief else optimizer.local_step_init_op)
+        self.local_step = session.run(optimizer._local_step)  # the global step, read on the ps
         if self.is_chief:
             if kept_variables:
                 session.run(self.hand_out)
+                # taken before its own first step, which must not take one (a lost worker's stays)
+                wait_for(lambda: session.run(self.tokens_left) == 0, self.tries * self.try_seconds)
             apply_steps = optimizer.get_chief_queue_runner().enqueue_ops[0]  # waits for N
             threading.Thread(target=run_until_it_fails, args=(session, apply_steps),
                              daemon=True).start()
@@ -247,32 +261,44 @@ class SyncReplicasStart(object):
         step = session.run(self.optimizer._global_step)
         session.run(self.skip)  # from here on a gradient of this step is stale
         for count, empty in zip(self.counts, self.empty):
-            if session.run(count) > 0:
-                self.at_once(session, empty)
+            if not self.emptied(session, count, empty):
+                fail("worker0: the round at global step %d cannot be dropped: an accumulator "
+                     "on the ps stays blocked by a take of the lost chief's, which would carry "
+                     "its gradients into the next round; restart the ps (it resumes from the "
+                     "last checkpoint)" % step)
         while session.run(self.tokens_left) > 0 and self.at_once(session, self.take_token):
             pass  # (a waiting worker may take the last token first)
         session.run(self.next_step)
         print("[worker0] the round at global step %d is dropped: a restart may have left it "
-              "half done; every worker goes on at step %d" % (step, step + 1), flush=True)
+              "half done, its update made to some variables and not to the others (they stay "
+              "so); every worker goes on at step %d" % (step, step + 1), flush=True)
+
+    def emptied(self, session, count, empty):
+        """Whether the accumulator holds no gradient, at the latest after tries of try_seconds:
+        a take of the killed chief's run may wait there first, until the ps cancels it."""
+        for _ in range(self.tries):
+            if session.run(count) == 0 or self.at_once(session, empty, self.try_seconds):
+                return True
+        return False
 
     def run_round(self, session, fetches, args, name):
         """Run fetches, a step or round whose last fetch is the optimizer's train op (its
         value: the token taken, the step this worker's next gradient goes to), within
         --step_timeout (sync_round); one turn a step (the docstring). Returns their values."""
-        sessions, sent_to = self.sessions, self.token
         values = sync_round(session, fetches, args, name)
-        self.token = values[-1] if isinstance(fetches, list) else values
-        if self.token == sent_to and sessions == self.sessions and not args.backup_workers:
+        sent_to = self.local_step  # read after the run: a new session in it sets it anew
+        self.local_step = values[-1] if isinstance(fetches, list) else values  # the token
+        if self.local_step == sent_to and not args.backup_workers:
             if not wait_for(lambda: session.run(self.optimizer._global_step) > sent_to,
                             args.step_timeout):  # a spare token, a lost worker's
                 no_round_in_time(args, name)
         return values
 
     @staticmethod
-    def at_once(session, op):
-        """Run op, which waits only if another took what it was to take: False after 5 s."""
+    def at_once(session, op, seconds=5):
+        """Run op, which waits only if another took what it was to take: False after seconds."""
         try:
-            session.run(op, options=tf.compat.v1.RunOptions(timeout_in_ms=5000))
+            session.run(op, options=tf.compat.v1.RunOptions(timeout_in_ms=int(seconds * 1000)))
             return True
         except tf.errors.DeadlineExceededError:
             return False
