@@ -61,8 +61,8 @@ MUTATIONS = [
              node(DATA_FILES, "test_each_worker_reads_only_its_own_files_and_together_they_read_"
                   "every_example"), None),
     Mutation("An .npz: every worker trains on the whole set", "Distributed-Setup/train.py",
-             "shard = lambda: (x[worker_index::num_workers], y[worker_index::num_workers])",
-             "shard = lambda: (x, y)",
+             "shard = lambda: (pixels[worker_index::num_workers], y[worker_index::num_workers])",
+             "shard = lambda: (pixels, y)",
              node(DATA_FILES, "test_an_npz_reaches_each_worker_as_its_own_shard_and_never_as_a_"
                   "constant_of_the_graph"), None),
     Mutation("TFRecord test files: the last, smaller batch dropped", "Distributed-Setup/train.py",
