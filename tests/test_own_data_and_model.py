@@ -11,15 +11,14 @@ the default run covers each substitution and each family of plumbing:
 import os
 import re
 import shutil
-import subprocess
 
 import numpy as np
 import pytest
 
 from support.examples import (USERS_ENVIRONMENT, error_lines, example_dir,
                               run_train_noting_tensorflow)
-from support.processes import assert_nothing_left, interruptible
-from support.runs import finish
+from support.processes import assert_nothing_left
+from support.runs import finish, start_run_sh
 
 BANNER = "# Plumbing shared by every example"
 DATA_BLOCK = re.compile(r"^# >>> shared: data\n.*?^# <<< shared: data\n", re.S | re.M)
@@ -218,11 +217,7 @@ def copy_with_own_data_and_model(example, destination, substitution):
 
 def run_copy(folder, args, timeout=240, env=None):
     """The copy's run.sh; env: values to set for it (None: to remove), as a user's Keras needs."""
-    full_env = {k: v for k, v in dict(os.environ, **(env or {})).items() if v is not None}
-    proc = subprocess.Popen(["bash", "run.sh"] + list(args), cwd=folder, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                            preexec_fn=interruptible, env=full_env)
-    return finish(proc, timeout)
+    return finish(start_run_sh(folder, args, env), timeout)
 
 
 def cases():

@@ -46,13 +46,18 @@ class Run(object):
 
 
 def start_example(example, args, env=None):
-    """Start bash run.sh in its own session, so a test can always stop all of it. env: values to
-    set in this process's environment for it (None: to remove)."""
+    """Start the example's bash run.sh in its own session (start_run_sh)."""
+    return start_run_sh(example_dir(example), args, env)
+
+
+def start_run_sh(folder, args, env=None):
+    """Start bash run.sh of folder (an example, or a copy of one) in its own session, so a test
+    can always stop all of it. env: values to set in this process's environment for it (None:
+    to remove)."""
     full_env = {k: v for k, v in dict(os.environ, **(env or {})).items() if v is not None}
-    return subprocess.Popen(["bash", os.path.join(example_dir(example), "run.sh")] + list(args),
-                            cwd=example_dir(example), env=full_env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                            preexec_fn=interruptible)
+    return subprocess.Popen(["bash", os.path.join(folder, "run.sh")] + list(args), cwd=folder,
+                            env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True, preexec_fn=interruptible)
 
 
 def finish(proc, timeout):
