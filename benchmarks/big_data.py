@@ -21,11 +21,11 @@ import re
 import shutil
 import subprocess
 import sys
-import threading
 import time
 
 import numpy as np
 
+import example_runs  # PeakMemory
 import published_tables  # the figures reach the READMEs only through here
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -71,25 +71,21 @@ def generate(name, folder):
     return npz, shards
 
 
-def peak_memory(stop, peaks, marker):
-    """Until stop is set: every process whose command line holds marker, its peak resident
-    memory (VmHWM, in MB), by role."""
-    while not stop.is_set():
-        for pid in os.listdir("/proc"):
-            try:
-                with open("/proc/%s/cmdline" % pid, "rb") as f:
-                    args = f.read().decode(errors="replace").split("\0")
-                if marker not in args or not any(a.endswith("train.py") for a in args):
-                    continue
-                role = "local"
-                if "--job_name" in args:
-                    role = args[args.index("--job_name") + 1] + args[args.index("--task_index") + 1]
-                with open("/proc/%s/status" % pid) as f:
-                    hwm = [l for l in f if l.startswith("VmHWM:")]
-                peaks[role] = max(peaks.get(role, 0), int(hwm[0].split()[1]) // 1024)
-            except (OSError, IndexError, ValueError):
-                continue  # gone, or not ours
-        time.sleep(0.5)
+def role_of(marker):
+    """pid -> the role of a train.py process whose command line holds marker ("local" for one
+    process), or None."""
+    def role(pid):
+        try:
+            with open("/proc/%s/cmdline" % pid, "rb") as f:
+                args = f.read().decode(errors="replace").split("\0")
+        except OSError:
+            return None
+        if marker not in args or not any(a.endswith("train.py") for a in args):
+            return None
+        if "--job_name" not in args:
+            return "local"
+        return args[args.index("--job_name") + 1] + args[args.index("--task_index") + 1]
+    return role
 
 
 def run(name, folder):
@@ -106,14 +102,11 @@ def run(name, folder):
     command = ([sys.executable, os.path.join(ROOT, example, "train.py")]
                if example == "Non-Distributed-Setup" else
                ["bash", os.path.join(ROOT, example, "run.sh")]) + args
-    stop, peaks = threading.Event(), {}
-    watcher = threading.Thread(target=peak_memory, args=(stop, peaks, log_dir), daemon=True)
-    watcher.start()
     started = time.time()
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=1800)
+    with example_runs.PeakMemory(role_of(log_dir)) as memory:
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=1800)
     seconds = time.time() - started
-    stop.set()
-    watcher.join()
+    peaks = {role: kb // 1024 for role, kb in memory.peak.items()}  # in MB
     errors = [l for l in (proc.stdout + proc.stderr).splitlines() if "error" in l.lower()]
     result = dict(run=name, code=proc.returncode, seconds=round(seconds, 1), peaks_mb=peaks,
                   errors=errors[:3])

@@ -19,6 +19,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 
 import command_line  # link rates and the one-line error
 import published_tables  # where the published figures live
@@ -32,6 +33,44 @@ TARGET = 0.95  # the test accuracy "seconds to" counts to (tests/conftest.py's A
 # reaches it after about 1250 mini-batches and levels off at 0.58-0.59 from 1500 on
 TARGETS = {"digits": TARGET, "mnist1d": 0.55}
 STOP_SECS = 60  # a stopped run's time to stop its tasks (and cluster.py's to remove namespaces)
+
+
+class PeakMemory(object):
+    """While in its with block: the peak resident memory (VmHWM, in kB) of each process that
+    role_of(pid) names, by that name (None: not one to watch), read from /proc twice a second."""
+
+    def __init__(self, role_of):
+        self.role_of, self.peak, self.done = role_of, {}, threading.Event()
+        self.thread = threading.Thread(target=self.watch, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.done.set()
+        self.thread.join(5)
+
+    def watch(self):
+        while not self.done.wait(0.5):
+            for pid in os.listdir("/proc"):
+                role = self.role_of(pid) if pid.isdigit() else None
+                if role is not None:
+                    kb = status_kb(pid, "VmHWM")
+                    if kb:
+                        self.peak[role] = max(self.peak.get(role, 0), kb)
+
+
+def status_kb(pid, key):
+    """A /proc/PID/status field in kB (None: gone, or no such field)."""
+    try:
+        with open("/proc/%s/status" % pid) as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
 
 
 def examples():

@@ -26,11 +26,10 @@ import os
 import statistics
 import subprocess
 import sys
-import threading
 import time
 
 import published_tables  # the figures reach the READMEs only through here
-import example_runs  # the command line that measures it again
+import example_runs  # the command line that measures it again; PeakMemory
 import command_line  # the one-line error
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -59,56 +58,19 @@ def parser():
     return p
 
 
-class PeakMemory(object):
-    """The peak resident memory (VmHWM) of each ps of a run, read from /proc twice a second:
-    a ps is a train.py process whose TF_CONFIG names it a ps task."""
 
-    def __init__(self):
-        self.peak, self.done = {}, threading.Event()
-        self.thread = threading.Thread(target=self.watch, daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.done.set()
-        self.thread.join(5)
-
-    def watch(self):
-        while not self.done.wait(0.5):
-            for pid in os.listdir("/proc"):
-                index = self.ps_index(pid)
-                if index is not None:
-                    kb = self.status_kb(pid, "VmHWM")
-                    if kb:
-                        self.peak[index] = max(self.peak.get(index, 0), kb)
-
-    @staticmethod
-    def ps_index(pid):
-        if not pid.isdigit():
-            return None
-        try:
-            with open("/proc/%s/cmdline" % pid, "rb") as f:
-                if TRAIN_PY.encode() not in f.read():
-                    return None
-            with open("/proc/%s/environ" % pid, "rb") as f:
-                env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
-            task = json.loads(env[b"TF_CONFIG"])["task"]
-        except (OSError, KeyError, ValueError):
-            return None
-        return task["index"] if task["type"] == "ps" else None
-
-    @staticmethod
-    def status_kb(pid, key):
-        try:
-            with open("/proc/%s/status" % pid) as f:
-                for line in f:
-                    if line.startswith(key + ":"):
-                        return int(line.split()[1])
-        except OSError:
-            return None
+def ps_index(pid):
+    """The ps task index of a train.py process of this example, by its TF_CONFIG (None: not one)."""
+    try:
+        with open("/proc/%s/cmdline" % pid, "rb") as f:
+            if TRAIN_PY.encode() not in f.read():
+                return None
+        with open("/proc/%s/environ" % pid, "rb") as f:
+            env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
+        task = json.loads(env[b"TF_CONFIG"])["task"]
+    except (OSError, KeyError, ValueError):
         return None
+    return task["index"] if task["type"] == "ps" else None
 
 
 def run(args, tag, ps, workers, steps, train_args=(), bandwidth="unlimited"):
@@ -122,7 +84,7 @@ def run(args, tag, ps, workers, steps, train_args=(), bandwidth="unlimited"):
                "--bandwidth", bandwidth, "--timeout", "900", "--metrics_file", metrics_path,
                "--", "--steps", str(steps), "--log_every", NEVER] + list(train_args)
     print("sparse_embeddings: %s" % tag, file=sys.stderr, flush=True)
-    with open(log_path, "w") as log, PeakMemory() as memory:
+    with open(log_path, "w") as log, example_runs.PeakMemory(ps_index) as memory:
         log.write("$ %s\n" % " ".join(command))
         log.flush()
         code = subprocess.call(command, stdout=log, stderr=subprocess.STDOUT, timeout=1000)
