@@ -54,7 +54,7 @@ JOBS = ("chief", "worker", "ps")  # the jobs of its cluster; deploy/ and the tes
 
 def example_flags(parser):
     parser.add_argument("--chief_host", default="", help="host:port of the coordinator")
-    parser.add_argument("--steps_per_call", type=int, default=10,
+    parser.add_argument("--steps_per_call", type=positive_int, default=10,
                         help="K: mini-batch steps inside one scheduled function")
 
 
@@ -240,9 +240,12 @@ def main(argv=None):
 # ==================================================================================================
 # What a task of a TensorFlow 2 cluster needs besides its algorithm, in this order; the same text
 # in every TensorFlow 2 train.py (a test keeps the copies equal):
-#   1. flags, and the cluster from them or from TF_CONFIG;         parse_flags, tf2_cluster,
-#      --data_path's file, checked                                check_cluster, positive_seconds,
-#                                                                  read_npz, Pixels, as_float32
+#   1. flags, each number of its type, and the cluster from them  parse_flags, positive_int,
+#      or from TF_CONFIG; --data_path's file, checked             positive_float, number,
+#                                                                  non_negative_int, tf2_cluster,
+#                                                                  non_negative_float,
+#                                                                  check_cluster, read_npz,
+#                                                                  Pixels, as_float32
 #   2. TensorFlow loads after the checks; a failure ends the task
 #      in one line                                                start_tensorflow, run_and_exit,
 #                                                                  fail, cause
@@ -263,41 +266,66 @@ def fail(message):
     sys.exit(2)
 
 
-def positive_seconds(text):
-    """A flag's value in seconds, more than 0 (a flag whose default, None, is settled later)."""
-    seconds = float(text)
-    if seconds <= 0:
-        raise argparse.ArgumentTypeError("must be positive, got %s" % text)
-    return seconds
+def positive_int(text):
+    """A count or a size: a whole number, more than 0."""
+    return number(text, int, positive=True)
+
+
+def positive_float(text):
+    """A rate or a time: more than 0."""
+    return number(text, float, positive=True)
+
+
+def non_negative_int(text):
+    """A whole number that may be 0 (an index, a seed, a count of spares)."""
+    return number(text, int, positive=False)
+
+
+def non_negative_float(text):
+    """A number that may be 0 (a decay, a momentum, a delay)."""
+    return number(text, float, positive=False)
+
+
+def number(text, kind, positive):
+    value = kind(text)  # not a number: a ValueError, and argparse says "invalid ... value"
+    if not (value > 0 if positive else value >= 0):  # NaN fails both
+        raise argparse.ArgumentTypeError("must be %s, got %s"
+                                         % ("positive" if positive else "0 or more", text))
+    return value
 
 
 def parse_flags(argv, example_flags, distributed=True):
-    """The flags every example shares, then the example's own; bad values fail here."""
+    """The flags every example shares, then the example's own; a bad value fails here, in one
+    line. Every number has its type: positive_int, positive_float, non_negative_int or
+    non_negative_float."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.error = lambda message: fail(message + " (see --help)")
+    p.error = lambda message: fail(  # "--steps must be positive, got 0", or argparse's words
+        message.replace("argument ", "", 1).replace(": must be", " must be")
+        if ": must be" in message else message + " (see --help)")
     common = [
-        ("steps", int, 2000, "mini-batches to train, summed over the workers"),
-        ("batch_size", int, 64, "examples per mini-batch"),
-        ("learning_rate", float, 0.1, "the workers' learning rate"),
-        ("hidden", int, 128, "width of the MLP's hidden layer"),
+        ("steps", positive_int, 2000, "mini-batches to train, summed over the workers"),
+        ("batch_size", positive_int, 64, "examples per mini-batch"),
+        ("learning_rate", positive_float, 0.1, "the workers' learning rate"),
+        ("hidden", positive_int, 128, "width of the MLP's hidden layer"),
         ("data_path", str, "", "your own data: an .npz with x_train, y_train, x_test and y_test, "
          "any numbers and shapes, or TFRecord files: a folder or a glob (tools/npz_to_tfrecord.py "
          "writes them) (default: the digits)"),
         ("log_dir", str, "", "checkpoints and summaries; one that has them resumes"),
-        ("seed", int, 0, "seed of the initial weights and the shuffling"),
+        ("seed", non_negative_int, 0, "seed of the initial weights and the shuffling"),
         ("metrics_file", str, "", "also write the summary and the test metrics' history here, "
          "as JSON (for plots)"),
-        ("log_every", int, 100, "progress (the chief's: test metrics) every N local steps"),
+        ("log_every", positive_int, 100, "progress (the chief's: test metrics) every N local "
+         "steps"),
     ]
     cluster = [
         ("job_name", str, "", "ps or worker (or set TF_CONFIG)"),
-        ("task_index", int, 0, "this task's index in its job"),
+        ("task_index", non_negative_int, 0, "this task's index in its job"),
         ("ps_hosts", str, "", "comma-separated host:port of the ps tasks"),
         ("worker_hosts", str, "", "comma-separated host:port of the workers"),
-        ("connect_timeout", positive_seconds, None, "seconds to wait for the other tasks; if "
+        ("connect_timeout", positive_float, None, "seconds to wait for the other tasks; if "
          "not given, 60, or 600 under TF_CONFIG (a cluster's pods may start minutes apart)"),
-        ("watchdog", float, 300.0, "a worker that completes no step for this many "
+        ("watchdog", positive_float, 300.0, "a worker that completes no step for this many "
          "seconds exits with an error, so that its restart policy starts it again (the "
          "tf.compat.v1 examples with a ps)"),
     ]
@@ -305,13 +333,6 @@ def parse_flags(argv, example_flags, distributed=True):
         p.add_argument("--" + flag, type=kind, default=default, help=text)
     example_flags(p)
     args = p.parse_args(argv)
-    for flag, value in vars(args).items():
-        if type(value) not in (int, float):
-            continue
-        default = p.get_default(flag)
-        counted = type(default) in (int, float) and default >= 1  # a count, a size or a time
-        if value < 0 or (value == 0 and counted):
-            fail("--%s must be %s, got %s" % (flag, "positive" if counted else "0 or more", value))
     if not args.log_dir:  # a new folder for every run, beside this file
         run_name = time.strftime("%Y%m%d-%H%M%S-") + str(os.getpid())
         args.log_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "logs", run_name)

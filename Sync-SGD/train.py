@@ -48,11 +48,11 @@ JOBS = ("ps", "worker")  # the jobs of its cluster; deploy/ and the tests read t
 
 
 def example_flags(parser):
-    parser.add_argument("--backup_workers", type=int, default=0,
+    parser.add_argument("--backup_workers", type=non_negative_int, default=0,
                         help="b: each step uses the first (workers - b) gradients")
-    parser.add_argument("--straggler_delay", type=float, default=0,
+    parser.add_argument("--straggler_delay", type=non_negative_float, default=0,
                         help="seconds the last worker sleeps before each step (a straggler)")
-    parser.add_argument("--step_timeout", type=float, default=30,
+    parser.add_argument("--step_timeout", type=positive_float, default=30,
                         help="seconds a step may wait for the other workers before failing")
     parser.add_argument("--shard_variables", action="store_true",
                         help="cut every variable into a slice per ps task (sharded_over_the_ps), "
@@ -362,8 +362,11 @@ def main(argv=None):
 # latest in --log_dir when it starts (Worker.start) and saves one every 30 s and at the end
 # (Worker.save). In this order; the same text in every train.py that runs on a ps (a test keeps
 # the copies equal):
-#   1. flags, and the cluster from them or from TF_CONFIG;         parse_flags, resolve_cluster,
-#      --data_path's file, checked                                check_cluster, positive_seconds,
+#   1. flags, each number of its type, and the cluster from them  parse_flags, positive_int,
+#      or from TF_CONFIG; --data_path's file, checked             positive_float, number,
+#                                                                  non_negative_int,
+#                                                                  non_negative_float,
+#                                                                  resolve_cluster, check_cluster,
 #                                                                  read_npz, Pixels, as_float32
 #   2. variables on the ps (whole, or cut into a slice per ps),
 #      every other op on this worker                              ps_device, sharded_over_the_ps
@@ -394,41 +397,66 @@ def fail(message):
     sys.exit(2)
 
 
-def positive_seconds(text):
-    """A flag's value in seconds, more than 0 (a flag whose default, None, is settled later)."""
-    seconds = float(text)
-    if seconds <= 0:
-        raise argparse.ArgumentTypeError("must be positive, got %s" % text)
-    return seconds
+def positive_int(text):
+    """A count or a size: a whole number, more than 0."""
+    return number(text, int, positive=True)
+
+
+def positive_float(text):
+    """A rate or a time: more than 0."""
+    return number(text, float, positive=True)
+
+
+def non_negative_int(text):
+    """A whole number that may be 0 (an index, a seed, a count of spares)."""
+    return number(text, int, positive=False)
+
+
+def non_negative_float(text):
+    """A number that may be 0 (a decay, a momentum, a delay)."""
+    return number(text, float, positive=False)
+
+
+def number(text, kind, positive):
+    value = kind(text)  # not a number: a ValueError, and argparse says "invalid ... value"
+    if not (value > 0 if positive else value >= 0):  # NaN fails both
+        raise argparse.ArgumentTypeError("must be %s, got %s"
+                                         % ("positive" if positive else "0 or more", text))
+    return value
 
 
 def parse_flags(argv, example_flags, distributed=True):
-    """The flags every example shares, then the example's own; bad values fail here."""
+    """The flags every example shares, then the example's own; a bad value fails here, in one
+    line. Every number has its type: positive_int, positive_float, non_negative_int or
+    non_negative_float."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.error = lambda message: fail(message + " (see --help)")
+    p.error = lambda message: fail(  # "--steps must be positive, got 0", or argparse's words
+        message.replace("argument ", "", 1).replace(": must be", " must be")
+        if ": must be" in message else message + " (see --help)")
     common = [
-        ("steps", int, 2000, "mini-batches to train, summed over the workers"),
-        ("batch_size", int, 64, "examples per mini-batch"),
-        ("learning_rate", float, 0.1, "the workers' learning rate"),
-        ("hidden", int, 128, "width of the MLP's hidden layer"),
+        ("steps", positive_int, 2000, "mini-batches to train, summed over the workers"),
+        ("batch_size", positive_int, 64, "examples per mini-batch"),
+        ("learning_rate", positive_float, 0.1, "the workers' learning rate"),
+        ("hidden", positive_int, 128, "width of the MLP's hidden layer"),
         ("data_path", str, "", "your own data: an .npz with x_train, y_train, x_test and y_test, "
          "any numbers and shapes, or TFRecord files: a folder or a glob (tools/npz_to_tfrecord.py "
          "writes them) (default: the digits)"),
         ("log_dir", str, "", "checkpoints and summaries; one that has them resumes"),
-        ("seed", int, 0, "seed of the initial weights and the shuffling"),
+        ("seed", non_negative_int, 0, "seed of the initial weights and the shuffling"),
         ("metrics_file", str, "", "also write the summary and the test metrics' history here, "
          "as JSON (for plots)"),
-        ("log_every", int, 100, "progress (the chief's: test metrics) every N local steps"),
+        ("log_every", positive_int, 100, "progress (the chief's: test metrics) every N local "
+         "steps"),
     ]
     cluster = [
         ("job_name", str, "", "ps or worker (or set TF_CONFIG)"),
-        ("task_index", int, 0, "this task's index in its job"),
+        ("task_index", non_negative_int, 0, "this task's index in its job"),
         ("ps_hosts", str, "", "comma-separated host:port of the ps tasks"),
         ("worker_hosts", str, "", "comma-separated host:port of the workers"),
-        ("connect_timeout", positive_seconds, None, "seconds to wait for the other tasks; if "
+        ("connect_timeout", positive_float, None, "seconds to wait for the other tasks; if "
          "not given, 60, or 600 under TF_CONFIG (a cluster's pods may start minutes apart)"),
-        ("watchdog", float, 300.0, "a worker that completes no step for this many "
+        ("watchdog", positive_float, 300.0, "a worker that completes no step for this many "
          "seconds exits with an error, so that its restart policy starts it again (the "
          "tf.compat.v1 examples with a ps)"),
     ]
@@ -436,13 +464,6 @@ def parse_flags(argv, example_flags, distributed=True):
         p.add_argument("--" + flag, type=kind, default=default, help=text)
     example_flags(p)
     args = p.parse_args(argv)
-    for flag, value in vars(args).items():
-        if type(value) not in (int, float):
-            continue
-        default = p.get_default(flag)
-        counted = type(default) in (int, float) and default >= 1  # a count, a size or a time
-        if value < 0 or (value == 0 and counted):
-            fail("--%s must be %s, got %s" % (flag, "positive" if counted else "0 or more", value))
     if not args.log_dir:  # a new folder for every run, beside this file
         run_name = time.strftime("%Y%m%d-%H%M%S-") + str(os.getpid())
         args.log_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "logs", run_name)

@@ -178,23 +178,38 @@ def test_train_py_imports_only_tensorflow_numpy_scikit_learn_and_the_standard_li
 
 
 @pytest.mark.parametrize("example", EXAMPLES)
-def test_every_flag_at_its_default_and_at_zero_parses_or_fails_in_one_line(example, capsys):
-    """The shared flag check runs over every flag of every example, whatever its type (a string,
-    a number, None): its defaults pass; a 0 is refused with exit status 2 where the default is a
-    count, a size or a time of at least 1, and accepted (as 0) where the default is below 1."""
+def test_every_number_flag_says_whether_it_may_be_0_and_bad_values_fail_in_one_line(example,
+                                                                                   capsys):
+    """Every flag of every example that takes a number has one of the four explicit types (no
+    plain int or float, no rule keyed on its default): its default passes; a positive_* flag
+    refuses 0 and a non_negative_* flag takes it; both refuse -1, with exit status 2 and one
+    line that names the flag."""
     from support.examples import load_train_module
     module = load_train_module(example)
     distributed = declared_jobs(example) != ()
-    parse = lambda argv: module.parse_flags(argv, module.example_flags, distributed=distributed)
-    for flag, default in sorted(vars(parse([])).items()):
-        if type(default) not in (int, float):
-            continue
-        if default >= 1:
-            with pytest.raises(SystemExit) as refused:
-                parse(["--" + flag, "0"])
-            assert refused.value.code == 2, flag
-            assert capsys.readouterr().err.startswith("error: --%s must be positive" % flag), flag
-        else:
+    parser = {}
+
+    def capture(p):  # the parser, once every flag is on it
+        module.example_flags(p)
+        parser["p"] = p
+    parse = lambda argv: module.parse_flags(argv, capture, distributed=distributed)
+    parse([])
+    kinds = {a.dest: a.type for a in parser["p"]._actions if a.type not in (None, str)}
+    assert kinds, example
+    for flag, kind in sorted(kinds.items()):
+        name = getattr(kind, "__name__", "")
+        assert name in ("positive_int", "positive_float", "non_negative_int",
+                        "non_negative_float"), (example, flag, name)
+        refused = ["-1"] + (["0"] if name.startswith("positive") else [])
+        for value in refused:
+            with pytest.raises(SystemExit) as stopped:
+                parse(["--" + flag, value])
+            assert stopped.value.code == 2, (flag, value)
+            err = capsys.readouterr().err
+            assert err == "error: --%s must be %s, got %s\n" % (
+                flag, "positive" if value == "0" or name.startswith("positive") else "0 or more",
+                value), err
+        if name.startswith("non_negative"):
             assert getattr(parse(["--" + flag, "0"]), flag) == 0, flag
 
 
