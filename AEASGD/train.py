@@ -65,7 +65,7 @@ def example_flags(parser):
     parser.set_defaults(learning_rate=0.2)  # plain SGD's is 0.1 (README.md: the measurement)
     parser.add_argument("--window", type=positive_int, default=8,
                         help="local mini-batch steps between two elastic exchanges")
-    parser.add_argument("--alpha", type=positive_float, default=0.3,
+    parser.add_argument("--alpha", type=non_negative_float, default=0.3,
                         help="elastic moving rate (the paper's eta * rho): the fraction of the "
                         "difference that worker and centre each move at an exchange")
 

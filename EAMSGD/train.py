@@ -62,7 +62,7 @@ JOBS = ("ps", "worker")  # the jobs of its cluster; deploy/ and the tests read t
 def example_flags(parser):
     parser.add_argument("--window", type=positive_int, default=8,
                         help="local mini-batch steps between two elastic exchanges")
-    parser.add_argument("--alpha", type=positive_float, default=0.3,
+    parser.add_argument("--alpha", type=non_negative_float, default=0.3,
                         help="elastic moving rate (the paper's eta * rho): the fraction of the "
                         "difference that worker and centre each move at an exchange")
     parser.add_argument("--momentum", type=non_negative_float, default=0.9,

@@ -41,7 +41,7 @@ def example_flags(parser):
     parser.set_defaults(learning_rate=0.2)  # larger: each round takes back alpha of the progress
     parser.add_argument("--window", type=positive_int, default=8,
                         help="local mini-batch steps between two rounds")
-    parser.add_argument("--alpha", type=positive_float, default=None,
+    parser.add_argument("--alpha", type=non_negative_float, default=None,
                         help="elastic moving rate (the paper's eta * rho), at most 1/N; the centre "
                         "moves beta = N * alpha of the way to the mean (None: beta 0.6 for any N)")
     parser.add_argument("--backup_workers", type=non_negative_int, default=0,

@@ -49,7 +49,7 @@ def cluster(ps=None, workers=None):
      "worker hosts: '' is not host:port"),
     (["--job_name", "worker", "--datapath", "x.npz"] + cluster(), "unrecognized arguments"),
     (["--job_name", "worker", "--steps", "0"] + cluster(), "--steps must be positive, got 0"),
-    (["--job_name", "worker", "--steps", "many"] + cluster(), "invalid int value: 'many'"),
+    (["--job_name", "worker", "--steps", "many"] + cluster(), "invalid positive_int value: 'many'"),
     (["--job_name", "worker", "--learning_rate", "-1"] + cluster(), "--learning_rate must be"),
     (["--job_name", "worker", "--task_index", "-1"] + cluster(), "--task_index must be 0 or"),
 ])
