@@ -21,6 +21,7 @@ Reference: S. Zhang et al., "Deep learning with Elastic Averaging SGD", arXiv:14
 """
 import argparse
 import collections
+import contextlib
 import glob
 import json
 import math
@@ -139,7 +140,11 @@ def build_easgd(args, cluster, x, y, num_classes=10):
     workers = len(cluster["worker"])
     n = workers - args.backup_workers  # N: the workers whose differences make a round
     worker = "/job:worker/task:%d" % args.task_index
-    with tf.compat.v1.device(ps_device(args, cluster)):
+    # placement: every variable made in this scope goes to a ps task (in turn), every other op
+    # to this worker
+    on_the_ps = tf.compat.v1.train.replica_device_setter(
+        cluster=cluster, worker_device="/job:worker/task:%d" % args.task_index)
+    with tf.compat.v1.device(on_the_ps):
         global_step = tf.compat.v1.train.get_or_create_global_step()
         centre = model_params(x.shape[1:], args.hidden, args.seed, num_classes)
         sync = tf.compat.v1.train.SyncReplicasOptimizer(
@@ -172,6 +177,65 @@ def worker_variables(prefix, like, initial_value):
 # <<< shared: worker variables
 
 
+# --- The training loop ----------------------------------------------------------------------------
+def train(args, cluster, server, data):
+    x, y = training_batches(data, args.batch_size, args.task_index, len(cluster["worker"]),
+                            args.seed)  # no device given: the pipeline runs on this worker
+    easgd = build_easgd(args, cluster, x, y, data.num_classes)
+    n = easgd.replicas_to_aggregate
+    worker = Worker(args, cluster, lambda x, y: model_metrics(easgd.centre, x, y),
+                    data, steps_per_update=args.window)
+    sync_replicas = SyncReplicasStart(easgd.optimizer, len(cluster["worker"]), worker.is_chief)
+    session = worker.start(server, wait_for_everyone=True,  # every round needs every worker
+                           each_session=lambda s: sync_replicas(s, worker.kept_variables))
+    while worker.step < math.ceil(args.steps / (n * args.window)):  # the global step counts rounds
+        for _ in range(args.window):  # on this worker alone: no network traffic
+            loss = session.run(easgd.local_step)
+        token = sync_replicas.run_round(session, easgd.exchange, args, "round")  # one turn a round
+        worker.after_update(session, loss, token)
+    if worker.is_chief:
+        session.run(easgd.release_workers)  # one more token each: no worker waits forever
+    return worker.end(session, minibatches_per_update=n * args.window, window=args.window,
+                   alpha=args.alpha, beta=args.alpha * n, replicas_to_aggregate=n,
+                   backup_workers=args.backup_workers)
+
+
+def settle_alpha(args, n):
+    """--alpha for n workers a round: by default 0.6 / n, so that beta = n * alpha is 0.6 for
+    any n; refused where beta would pass 1."""
+    args.alpha = 0.6 / n if args.alpha is None else args.alpha  # None: 0.3 with 2 workers
+    if args.alpha * n > 1:
+        fail("--alpha %g with %d workers per round moves the centre past their mean "
+             "(beta = %g > 1): use at most %.3g" % (args.alpha, n, args.alpha * n, 1.0 / n))
+
+
+def main(argv=None):
+    global tf
+    args = parse_flags(argv, example_flags)  # bad input fails here, before TensorFlow loads
+    cluster = resolve_cluster(args)  # {"ps": [host:port, ...], "worker": [...]}, or TF_CONFIG's
+    if args.backup_workers:
+        fail(BACKUP_WORKERS_REFUSED)
+    settle_alpha(args, len(cluster["worker"]))
+    data = load_dataset(args.data_path) if args.job_name == "worker" else None  # a ps needs none
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before the import: no C++ info lines
+    import tensorflow as tf  # only now: bad input has failed in one line, before its start-up
+    tf.compat.v1.disable_eager_execution()  # graphs and sessions: the tf.compat.v1 runtime
+    tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)  # no deprecation notes
+    # the cluster, every task's address by job, and this task's server in it (gRPC): the ps
+    # tasks' servers hold the variables, the workers' run the steps (one thread: on one machine
+    # the tasks share its cores)
+    server = tf.distribute.Server(tf.train.ClusterSpec(cluster), args.job_name, args.task_index,
+                                  config=tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1))
+    with errors_in_one_line(args):  # a lost peer, a timeout: one line that says so
+        if args.job_name == "ps":
+            return serve(args, cluster, server)  # a ps only serves, until the chief ends the run
+        return train(args, cluster, server, data)
+
+
+# ==================================================================================================
+# Plumbing of the synchronous examples: a round waits at most --step_timeout; after a restart the
+# chief repairs a round left half done (the README says what a restart does to a round)
+# ==================================================================================================
 # >>> shared: sync replicas
 def sync_round(session, fetches, args, name):
     """Run fetches, a synchronous step or round: it waits for the other workers, at most
@@ -336,43 +400,6 @@ def run_until_it_fails(session, op):
 # <<< shared: sync replicas start
 
 
-# --- The training loop ----------------------------------------------------------------------------
-def train(args, cluster, server, data):
-    x, y = training_batches(data, args.batch_size, args.task_index, len(cluster["worker"]),
-                            args.seed)  # no device given: the pipeline runs on this worker
-    easgd = build_easgd(args, cluster, x, y, data.num_classes)
-    n = easgd.replicas_to_aggregate
-    worker = Worker(args, cluster, lambda x, y: model_metrics(easgd.centre, x, y),
-                    data, steps_per_update=args.window)
-    sync_replicas = SyncReplicasStart(easgd.optimizer, len(cluster["worker"]), worker.is_chief)
-    session = worker.start(server, wait_for_everyone=True,  # every round needs every worker
-                           each_session=lambda s: sync_replicas(s, worker.kept_variables))
-    while worker.step < math.ceil(args.steps / (n * args.window)):  # the global step counts rounds
-        for _ in range(args.window):  # on this worker alone: no network traffic
-            loss = session.run(easgd.local_step)
-        token = sync_replicas.run_round(session, easgd.exchange, args, "round")  # one turn a round
-        worker.after_update(session, loss, token)
-    if worker.is_chief:
-        session.run(easgd.release_workers)  # one more token each: no worker waits forever
-    return worker.end(session, minibatches_per_update=n * args.window, window=args.window,
-                   alpha=args.alpha, beta=args.alpha * n, replicas_to_aggregate=n,
-                   backup_workers=args.backup_workers)
-
-
-def main(argv=None):
-    args = parse_flags(argv, example_flags)  # bad input fails here, before TensorFlow loads
-    cluster = resolve_cluster(args)
-    if args.backup_workers:
-        fail(BACKUP_WORKERS_REFUSED)
-    n = len(cluster["worker"])
-    args.alpha = 0.6 / n if args.alpha is None else args.alpha  # None: 0.3 with 2 workers
-    if args.alpha * n > 1:
-        fail("--alpha %g with %d workers per round moves the centre past their mean "
-             "(beta = %g > 1): use at most %.3g" % (args.alpha, n, args.alpha * n, 1.0 / n))
-    data = load_dataset(args.data_path) if args.job_name == "worker" else None  # a ps needs none
-    return run_task(args, cluster, train, data)
-
-
 # ==================================================================================================
 # Plumbing shared by every example (what a job needs besides its algorithm)
 # ==================================================================================================
@@ -387,9 +414,8 @@ def main(argv=None):
 #                                                                  non_negative_float,
 #                                                                  resolve_cluster, check_cluster,
 #                                                                  read_npz, Pixels, as_float32
-#   2. variables on the ps (whole, or cut into a slice per ps),
-#      every other op on this worker                              ps_device, sharded_over_the_ps
-#   3. this task's server; a failure ends the task in one line    run_task, fail, cause
+#   2. each variable cut into a slice per ps, if asked            sharded_over_the_ps
+#   3. a failure ends the task in one line                        errors_in_one_line, fail, cause
 #   4. the start-up: a worker waits for the ps, then for the      reach_the_ps, wait_for,
 #      chief, who restores the latest checkpoint or initialises   is_listening, Worker
 #      where the ps lacks the variables
@@ -444,10 +470,10 @@ def number(text, kind, positive):
     return value
 
 
-def parse_flags(argv, example_flags, distributed=True):
-    """The flags every example shares, then the example's own; a bad value fails here, in one
-    line. Every number has its type: positive_int, positive_float, non_negative_int or
-    non_negative_float."""
+def parse_flags(argv, example_flags):
+    """The flags every example shares (and a cluster's, where JOBS names one), then the
+    example's own; a bad value fails here, in one line. Every number has its type:
+    positive_int, positive_float, non_negative_int or non_negative_float."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.error = lambda message: fail(  # "--steps must be positive, got 0", or argparse's words
@@ -479,7 +505,7 @@ def parse_flags(argv, example_flags, distributed=True):
          "seconds exits with an error, so that its restart policy starts it again (the "
          "tf.compat.v1 examples with a ps)"),
     ]
-    for flag, kind, default, text in common + (cluster if distributed else []):
+    for flag, kind, default, text in common + (cluster if JOBS else []):
         p.add_argument("--" + flag, type=kind, default=default, help=text)
     example_flags(p)
     args = p.parse_args(argv)
@@ -839,47 +865,30 @@ def resolve_cluster(args):
             sys.exit(0)
     check_cluster(cluster, job, index)
     args.job_name, args.task_index = job, index
+    if is_listening(cluster[job][index]):  # in one line here, rather than deep inside gRPC
+        fail("%s %d: port %s is already in use: by an earlier run?"
+             % (job, index, cluster[job][index]))
     return cluster
-
-
-def ps_device(args, cluster):
-    """Where a worker's ops go: every variable made under this device function to a ps task
-    (whole variables, round-robin over several ps), every other op to this worker."""
-    return tf.compat.v1.train.replica_device_setter(
-        cluster=tf.compat.v1.train.ClusterSpec(cluster),
-        worker_device="/job:worker/task:%d" % args.task_index)
 
 
 def sharded_over_the_ps(cluster, shard=True):
     """A variable scope in which each variable made is cut into one slice per ps task (along its
     first axis), so that every ps holds, and every ps link carries, an equal share of its bytes:
-    ps_device alone places whole variables, and one large matrix then loads one ps. Optimizers
+    replica_device_setter places whole variables, and one large matrix then loads one ps. Optimizers
     update the slices; the model reads each variable whole. shard=False: a scope that changes
     nothing."""
     partitioner = tf.compat.v1.fixed_size_partitioner(len(cluster["ps"])) if shard else None
     return tf.compat.v1.variable_scope(tf.compat.v1.get_variable_scope(), partitioner=partitioner)
 
 
-def run_task(args, cluster, train, data):
-    """Start this task's server, then serve (a ps) or train(args, cluster, server, data)."""
-    global tf  # loaded only now: bad input has failed in one line, without TensorFlow's start-up
-    job, index = args.job_name, args.task_index
-    address = cluster[job][index]
-    if is_listening(address):  # in one line here, rather than deep inside gRPC
-        fail("%s %d: port %s is already in use: by an earlier run?" % (job, index, address))
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before the import: no C++ info lines
-    import tensorflow as tf
-    tf.compat.v1.disable_eager_execution()
-    tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)
-    one_thread = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1)  # cores for the others
-    server = tf.compat.v1.train.Server(cluster, job_name=job, task_index=index, config=one_thread)
+@contextlib.contextmanager
+def errors_in_one_line(args):
+    """A TensorFlow error that ends this task (a peer lost, a wait timed out) as one line."""
     try:
-        if job == "ps":
-            return serve(index, cluster, server, args.connect_timeout)
-        reach_the_ps(args, cluster)
-        return train(args, cluster, server, data)
+        yield
     except tf.errors.OpError as e:
-        fail("%s %d stopped: %s: %s" % (job, index, type(e).__name__, cause(e)))
+        fail("%s %d stopped: %s: %s" % (args.job_name, args.task_index, type(e).__name__,
+                                        cause(e)))
 
 
 def reach_the_ps(args, cluster):
@@ -898,12 +907,13 @@ def run_over_flag(ps_index):
         return tf.compat.v1.Variable(False, collections=[], name="run_over_%d" % ps_index)
 
 
-def serve(index, cluster, server, connect_timeout):
+def serve(args, cluster, server):
     """A ps serves until the chief says the run is over; TensorFlow's server never ends by
     itself. A ps whose flag no chief has set up within connect_timeout seconds, while the
     chief's port stays closed, served no one: it ends with an error (a chief that listens may be
-    building a large graph: the ps waits on). The flag's variable has the same name in every task's graph, so the
-    ps reads the one the chief writes."""
+    building a large graph: the ps waits on). The flag's variable has the same name in every
+    task's graph, so the ps reads the one the chief writes."""
+    index, connect_timeout = args.task_index, args.connect_timeout
     with tf.Graph().as_default():
         run_over = run_over_flag(index)
         set_up = tf.compat.v1.is_variable_initialized(run_over)

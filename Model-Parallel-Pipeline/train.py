@@ -358,10 +358,10 @@ def number(text, kind, positive):
     return value
 
 
-def parse_flags(argv, example_flags, distributed=True):
-    """The flags every example shares, then the example's own; a bad value fails here, in one
-    line. Every number has its type: positive_int, positive_float, non_negative_int or
-    non_negative_float."""
+def parse_flags(argv, example_flags):
+    """The flags every example shares (and a cluster's, where JOBS names one), then the
+    example's own; a bad value fails here, in one line. Every number has its type:
+    positive_int, positive_float, non_negative_int or non_negative_float."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.error = lambda message: fail(  # "--steps must be positive, got 0", or argparse's words
@@ -393,7 +393,7 @@ def parse_flags(argv, example_flags, distributed=True):
          "seconds exits with an error, so that its restart policy starts it again (the "
          "tf.compat.v1 examples with a ps)"),
     ]
-    for flag, kind, default, text in common + (cluster if distributed else []):
+    for flag, kind, default, text in common + (cluster if JOBS else []):
         p.add_argument("--" + flag, type=kind, default=default, help=text)
     example_flags(p)
     args = p.parse_args(argv)

@@ -113,81 +113,42 @@ def model_metrics(params, x, y):
 
 
 # --- The algorithm --------------------------------------------------------------------------------
-SGD = collections.namedtuple("SGD", "params global_step loss train_op")
+SGD = collections.namedtuple("SGD", "params global_step loss step")
 
 
 def build_sgd(args, x, y, num_classes=10):
-    """Plain SGD: the variables live in this process and every step updates them."""
+    """One step on the mini-batch (x, y): read the parameters, compute the gradient, apply it
+    (all of it here, in this process)."""
     global_step = tf.compat.v1.train.get_or_create_global_step()
     params = model_params(x.shape[1:], args.hidden, args.seed, num_classes)
     loss = model_loss(params, x, y)
     train_op = tf.compat.v1.train.GradientDescentOptimizer(args.learning_rate).minimize(
         loss, global_step=global_step)
-    return SGD(params, global_step, loss, train_op)
+    with tf.control_dependencies([train_op]):
+        step = global_step.read_value()  # one update; its value: the global step after it
+    return SGD(params, global_step, loss, step)
 
 
 # --- The training loop ----------------------------------------------------------------------------
 def train(args, data):
-    x, y = training_batches(data, args.batch_size, 0, 1, args.seed)
+    x, y = training_batches(data, args.batch_size, 0, 1, args.seed)  # all of it: one "worker"
     sgd = build_sgd(args, x, y, data.num_classes)
-    x_test, y_test = next(test_batches(data, 1))  # an example: the placeholders' types
-    test_x = tf.compat.v1.placeholder(x_test.dtype, (None,) + x_test.shape[1:])
-    test_y = tf.compat.v1.placeholder(y_test.dtype, (None,) + y_test.shape[1:])
-    test_metrics = model_metrics(sgd.params, test_x, test_y)
-    saver = tf.compat.v1.train.Saver()  # every variable: the checkpoints
-    writer = tf.compat.v1.summary.FileWriter(args.log_dir, tf.compat.v1.get_default_graph())
-    history, started = [], time.time()
-
-    def report(session, step, loss):  # the test metrics, also to TensorBoard
-        metrics = test_metrics_in_batches(session, test_metrics, test_x, test_y,
-                                          data)
-        writer.add_summary(tensorboard_summary(metrics, loss), step)
-        history.append([round(time.time() - started, 3), step] + list(metrics.values()))
-        return metrics
-
-    print("[local] log_dir=%s" % args.log_dir, flush=True)
-    with tf.compat.v1.Session() as session:
-        checkpoint = tf.train.latest_checkpoint(args.log_dir)
-        if checkpoint:
-            saver.restore(session, checkpoint)
-            print("[local] resuming from the checkpoint at global step %d"
-                  % session.run(sgd.global_step), flush=True)
-        else:
-            session.run(tf.compat.v1.global_variables_initializer())
-        start_step = int(session.run(sgd.global_step))
-        print("[local] training started", flush=True)
-        last_line_step, last_line_time, loss = start_step, time.time(), float("nan")
-        for step in range(start_step + 1, args.steps + 1):
-            _, loss = session.run([sgd.train_op, sgd.loss])
-            if step % args.log_every == 0:
-                rate = (step - last_line_step) / (time.time() - last_line_time)
-                line = "[local] local_step=%d global_step=%d loss=%.4f" % (step, step, loss)
-                for name, value in report(session, step, loss).items():
-                    line += " test_%s=%.4f" % (name, value)
-                print(line + " steps_per_sec=%.1f" % rate, flush=True)
-                last_line_step, last_line_time = step, time.time()
-        last_step = max(args.steps, start_step)
-        saver.save(session, os.path.join(args.log_dir, "model.ckpt"), global_step=last_step)
-        updates = last_step - start_step
-        rate = updates / (time.time() - started)
-        summary = dict(example=EXAMPLE)
-        for name, value in report(session, last_step, loss).items():
-            summary["test_" + name] = value
-        summary.update(global_step=last_step, workers=1, ps=0, lost_workers=0,
-                       local_steps=[updates], updates=updates, steps_per_sec=rate,
-                       examples_per_sec=rate * args.batch_size, log_dir=args.log_dir)
-    writer.close()
-    print_summary("local", summary, history, args.metrics_file)
-    return 0
+    run = Run(args, lambda x, y: model_metrics(sgd.params, x, y), data)
+    # a session in this process: restore the last checkpoint, or initialise the variables
+    session = run.start()
+    while run.step < args.steps:  # the global step, as the last update left it
+        run.after_update(session, *session.run([sgd.loss, sgd.step]))  # progress, checkpoints
+    return run.end(session)
 
 
 def main(argv=None):
-    global tf  # loaded only now: bad input has failed in one line, without TensorFlow's start-up
-    args = parse_flags(argv, example_flags, distributed=False)
-    data = load_dataset(args.data_path)  # a bad file fails here too, before TensorFlow loads
+    global tf
+    args = parse_flags(argv, example_flags)  # bad input fails here, before TensorFlow loads
+    data = load_dataset(args.data_path)  # a bad file fails here too
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before the import: no C++ info lines
-    import tensorflow as tf
-    tf.compat.v1.disable_eager_execution()
+    import tensorflow as tf  # only now: bad input has failed in one line, before its start-up
+    tf.compat.v1.disable_eager_execution()  # graphs and sessions: the tf.compat.v1 runtime
+    tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)  # no deprecation notes
     return train(args, data)
 
 
@@ -207,6 +168,10 @@ def main(argv=None):
 #      in batches; a Keras model's weights as the parameters
 #                                read_records, records_dataset, arrays_dataset, example_shape,
 #                                test_batches, record_batches, keras_params, keras_logits
+#   5. the run: its session (the last checkpoint restored, or the variables initialised),
+#      progress lines, checkpoints, the summary; what Distributed-Setup's Worker does, on one
+#      process
+#                                Run
 # >>> shared: flags
 def fail(message):
     """One line on stderr and exit status 2: for bad input and lost peers, never for bugs."""
@@ -242,10 +207,10 @@ def number(text, kind, positive):
     return value
 
 
-def parse_flags(argv, example_flags, distributed=True):
-    """The flags every example shares, then the example's own; a bad value fails here, in one
-    line. Every number has its type: positive_int, positive_float, non_negative_int or
-    non_negative_float."""
+def parse_flags(argv, example_flags):
+    """The flags every example shares (and a cluster's, where JOBS names one), then the
+    example's own; a bad value fails here, in one line. Every number has its type:
+    positive_int, positive_float, non_negative_int or non_negative_float."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.error = lambda message: fail(  # "--steps must be positive, got 0", or argparse's words
@@ -277,7 +242,7 @@ def parse_flags(argv, example_flags, distributed=True):
          "seconds exits with an error, so that its restart policy starts it again (the "
          "tf.compat.v1 examples with a ps)"),
     ]
-    for flag, kind, default, text in common + (cluster if distributed else []):
+    for flag, kind, default, text in common + (cluster if JOBS else []):
         p.add_argument("--" + flag, type=kind, default=default, help=text)
     example_flags(p)
     args = p.parse_args(argv)
@@ -557,6 +522,94 @@ def tensorboard_summary(metrics, loss=None):
         summary.value.add(tag="loss", simple_value=loss)
     return summary
 # <<< shared: test metrics
+
+
+# >>> shared: local run
+class Run(object):
+    """The one process's run, given what train() built: test_metrics(x, y), a dict of metric
+    tensors for a batch of test examples (each a mean over the batch), and test_set (the data),
+    fed to it in batches. start: the session, in which the latest checkpoint in --log_dir is
+    restored, or the variables initialised. after_update: every --log_every steps a progress
+    line with the test metrics (to TensorBoard too), and a checkpoint every 30 s. end: a
+    checkpoint, the test metrics and the summary line."""
+    role = "local"
+
+    def __init__(self, args, test_metrics, test_set):
+        self.args, self.test_set = args, test_set
+        self.global_step = tf.compat.v1.train.get_or_create_global_step()
+        x_test, y_test = next(test_batches(test_set, 1))  # an example: the placeholders' types
+        self.test_x = tf.compat.v1.placeholder(x_test.dtype, (None,) + x_test.shape[1:])
+        self.test_y = tf.compat.v1.placeholder(y_test.dtype, (None,) + y_test.shape[1:])
+        self.test_metrics = test_metrics(self.test_x, self.test_y)
+        self.local_steps, self.history = 0, []
+
+    def start(self):
+        args = self.args
+        self.saver = tf.compat.v1.train.Saver()  # every variable: the checkpoints
+        self.writer = tf.compat.v1.summary.FileWriter(args.log_dir,
+                                                      tf.compat.v1.get_default_graph())
+        print("[local] log_dir=%s" % args.log_dir, flush=True)
+        session = tf.compat.v1.Session()
+        checkpoint = tf.train.latest_checkpoint(args.log_dir)
+        if checkpoint:
+            self.saver.restore(session, checkpoint)
+            print("[local] resuming from the checkpoint at global step %d"
+                  % session.run(self.global_step), flush=True)
+        else:
+            session.run(tf.compat.v1.global_variables_initializer())
+        self.step = self.start_step = int(session.run(self.global_step))
+        self.start_time, self.last_checkpoint = time.time(), 0  # the first evaluation saves
+        self.progress_steps, self.progress_time = 0, self.start_time
+        print("[local] training started", flush=True)
+        return session
+
+    def after_update(self, session, loss, global_step):
+        """Count the update; every --log_every steps a progress line with the test metrics
+        (and, once every 30 s, a checkpoint)."""
+        self.step = int(global_step)
+        self.local_steps += 1
+        if self.local_steps % self.args.log_every:
+            return
+        rate = (self.local_steps - self.progress_steps) / (time.time() - self.progress_time)
+        line = "[local] local_step=%d global_step=%d loss=%.4f" % (
+            self.local_steps, self.step, loss)
+        for name, value in self.evaluate(session, loss).items():
+            line += " test_%s=%.4f" % (name, value)
+        if time.time() > self.last_checkpoint + 30:
+            self.save(session)
+        print(line + " steps_per_sec=%.1f" % rate, flush=True)
+        self.progress_steps, self.progress_time = self.local_steps, time.time()
+
+    def save(self, session):
+        """A checkpoint of every variable, in --log_dir (the last 5 are kept)."""
+        self.saver.save(session, os.path.join(self.args.log_dir, "model.ckpt"), self.step)
+        self.last_checkpoint = time.time()
+
+    def evaluate(self, session, loss=None):
+        """The test metrics over the test set, in batches; also to TensorBoard."""
+        metrics = test_metrics_in_batches(session, self.test_metrics, self.test_x, self.test_y,
+                                          self.test_set)
+        self.writer.add_summary(tensorboard_summary(metrics, loss), self.step)
+        self.history.append([round(time.time() - self.start_time, 3), self.step]
+                            + list(metrics.values()))
+        return metrics
+
+    def end(self, session):
+        """A checkpoint, the test metrics and the summary line."""
+        self.save(session)
+        summary = dict(example=EXAMPLE)
+        for name, value in self.evaluate(session).items():  # what it saved
+            summary["test_" + name] = value
+        updates = self.step - self.start_step
+        rate = updates / (time.time() - self.start_time)
+        summary.update(global_step=self.step, workers=1, ps=0, lost_workers=0,
+                       local_steps=[updates], updates=updates, steps_per_sec=rate,
+                       examples_per_sec=rate * self.args.batch_size, log_dir=self.args.log_dir)
+        print_summary(self.role, summary, self.history, self.args.metrics_file)
+        self.writer.close()
+        session.close()
+        return 0
+# <<< shared: local run
 
 
 if __name__ == "__main__":

@@ -26,12 +26,13 @@ Use your own data and model
     optimiser that updates only the rows looked up (SGD, Adagrad; Adam's moments decay them all).
 
 References
-    S. Rendle, "Factorization Machines", ICDM 2010 (the model).
-    M. Li et al., "Scaling Distributed Machine Learning with the Parameter Server", OSDI 2014.
+    S. Rendle, "Factorization Machines", ICDM 2010 (the model). M. Li et al., "Scaling
+    Distributed Machine Learning with the Parameter Server", OSDI 2014.
     Y. Koren et al., "Matrix Factorization Techniques for Recommender Systems", 2009 (the data).
 """
 import argparse
 import collections
+import contextlib
 import glob
 import json
 import os
@@ -105,9 +106,9 @@ def training_batches(data, batch_size, worker_index, num_workers, seed):
 
 # --- Model (replace with your own) ----------------------------------------------------------------
 def model_params(rows, dim, seed):
-    """A row per id in two tables, v (embeddings) and w (linear), that sharded_over_the_ps cuts
-    into a slice per ps, each slice of v seeded by its first row (one seed for all would start
-    rows r, r + R/P, ... of the P slices alike); and b (bias), left whole by a partitioner."""
+    """Tables v (embeddings) and w (linear), a row per id, that sharded_over_the_ps cuts into a
+    slice per ps, each slice of v seeded by its first row (else rows r, r + R/P, ... of the P
+    slices start alike); and b (bias), which a partitioner leaves whole."""
     def normal(shape, dtype=tf.float32, partition_info=None):
         first_row = partition_info.single_offset(shape) if partition_info else 0
         return tf.random.stateless_normal(shape, seed=[seed, first_row], stddev=0.1, dtype=dtype)
@@ -118,14 +119,13 @@ def model_params(rows, dim, seed):
 
 
 def rows_of(ids, rows):
-    """Row of each id: a multiplicative hash, one to one on 0 .. rows-1 (the multiplier is a
-    prime larger than any table), so ids numbered by popularity spread over every slice."""
+    """Row of each id: a multiplicative hash, one to one on 0 .. rows-1 (by a prime larger than
+    any table): ids numbered by popularity spread over every slice."""
     return ids * 2654435761 % rows
 
 
 def model_logits(params, ids):
-    """Each (user, item) pair's score: <v_user, v_item> + w_user + w_item + b ("div": slice p
-    holds a range of rows, as a checkpoint restores them)."""
+    """Each (user, item) pair's score: <v_user, v_item> + w_user + w_item + b."""
     r = rows_of(ids, int(params["linear"].get_shape()[0]))
     v = tf.compat.v1.nn.embedding_lookup(params["embeddings"], r, partition_strategy="div")
     w = tf.compat.v1.nn.embedding_lookup(params["linear"], r, partition_strategy="div")
@@ -151,12 +151,16 @@ def build_sparse_sgd(args, cluster, ids, clicks):
     """One step of this worker on the mini-batch (ids, clicks): look the rows up, compute their
     gradient here, and push it to the slices, where only those rows change.
 
-    ps_device (TensorFlow's replica_device_setter) places variables round-robin over the ps, one
+    replica_device_setter places the variables round-robin over the ps tasks, one
     variable op at a time: the tables are made first, so slice p of each table is on ps p.
     push: the (gradient, slice) pairs; a gradient is a tf.IndexedSlices, the rows' ids and
     values, unless --dense_gradients makes it a tensor as big as its slice.
     """
-    with tf.compat.v1.device(ps_device(args, cluster)):
+    # placement: every variable made in this scope goes to a ps task (in turn), every other op
+    # to this worker
+    on_the_ps = tf.compat.v1.train.replica_device_setter(
+        cluster=cluster, worker_device="/job:worker/task:%d" % args.task_index)
+    with tf.compat.v1.device(on_the_ps):
         with sharded_over_the_ps(cluster):  # a slice per ps: PartitionedVariables
             global_params = model_params(args.rows, args.dim, args.seed)
         global_step = tf.compat.v1.train.get_or_create_global_step()
@@ -202,12 +206,25 @@ def auc(scores, clicks):
 
 
 def main(argv=None):
+    global tf
     args = parse_flags(argv, example_flags)  # bad input fails here, before TensorFlow loads
     if args.data_path:
         fail("--data_path: this example makes its own clicks; replace make_clicks with yours")
-    cluster = resolve_cluster(args)
+    cluster = resolve_cluster(args)  # {"ps": [host:port, ...], "worker": [...]}, or TF_CONFIG's
     data = make_clicks(args.rows) if args.job_name == "worker" else None  # a ps needs none
-    return run_task(args, cluster, train, data)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before the import: no C++ info lines
+    import tensorflow as tf  # only now: bad input has failed in one line, before its start-up
+    tf.compat.v1.disable_eager_execution()  # graphs and sessions: the tf.compat.v1 runtime
+    tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)  # no deprecation notes
+    # the cluster, every task's address by job, and this task's server in it (gRPC): the ps
+    # tasks' servers hold the variables, the workers' run the steps (one thread: on one machine
+    # the tasks share its cores)
+    server = tf.distribute.Server(tf.train.ClusterSpec(cluster), args.job_name, args.task_index,
+                                  config=tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1))
+    with errors_in_one_line(args):  # a lost peer, a timeout: one line that says so
+        if args.job_name == "ps":
+            return serve(args, cluster, server)  # a ps only serves, until the chief ends the run
+        return train(args, cluster, server, data)
 
 
 # ==================================================================================================
@@ -224,9 +241,8 @@ def main(argv=None):
 #                                                                  non_negative_float,
 #                                                                  resolve_cluster, check_cluster,
 #                                                                  read_npz, Pixels, as_float32
-#   2. variables on the ps (whole, or cut into a slice per ps),
-#      every other op on this worker                              ps_device, sharded_over_the_ps
-#   3. this task's server; a failure ends the task in one line    run_task, fail, cause
+#   2. each variable cut into a slice per ps, if asked            sharded_over_the_ps
+#   3. a failure ends the task in one line                        errors_in_one_line, fail, cause
 #   4. the start-up: a worker waits for the ps, then for the      reach_the_ps, wait_for,
 #      chief, who restores the latest checkpoint or initialises   is_listening, Worker
 #      where the ps lacks the variables
@@ -281,10 +297,10 @@ def number(text, kind, positive):
     return value
 
 
-def parse_flags(argv, example_flags, distributed=True):
-    """The flags every example shares, then the example's own; a bad value fails here, in one
-    line. Every number has its type: positive_int, positive_float, non_negative_int or
-    non_negative_float."""
+def parse_flags(argv, example_flags):
+    """The flags every example shares (and a cluster's, where JOBS names one), then the
+    example's own; a bad value fails here, in one line. Every number has its type:
+    positive_int, positive_float, non_negative_int or non_negative_float."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.error = lambda message: fail(  # "--steps must be positive, got 0", or argparse's words
@@ -316,7 +332,7 @@ def parse_flags(argv, example_flags, distributed=True):
          "seconds exits with an error, so that its restart policy starts it again (the "
          "tf.compat.v1 examples with a ps)"),
     ]
-    for flag, kind, default, text in common + (cluster if distributed else []):
+    for flag, kind, default, text in common + (cluster if JOBS else []):
         p.add_argument("--" + flag, type=kind, default=default, help=text)
     example_flags(p)
     args = p.parse_args(argv)
@@ -676,47 +692,30 @@ def resolve_cluster(args):
             sys.exit(0)
     check_cluster(cluster, job, index)
     args.job_name, args.task_index = job, index
+    if is_listening(cluster[job][index]):  # in one line here, rather than deep inside gRPC
+        fail("%s %d: port %s is already in use: by an earlier run?"
+             % (job, index, cluster[job][index]))
     return cluster
-
-
-def ps_device(args, cluster):
-    """Where a worker's ops go: every variable made under this device function to a ps task
-    (whole variables, round-robin over several ps), every other op to this worker."""
-    return tf.compat.v1.train.replica_device_setter(
-        cluster=tf.compat.v1.train.ClusterSpec(cluster),
-        worker_device="/job:worker/task:%d" % args.task_index)
 
 
 def sharded_over_the_ps(cluster, shard=True):
     """A variable scope in which each variable made is cut into one slice per ps task (along its
     first axis), so that every ps holds, and every ps link carries, an equal share of its bytes:
-    ps_device alone places whole variables, and one large matrix then loads one ps. Optimizers
+    replica_device_setter places whole variables, and one large matrix then loads one ps. Optimizers
     update the slices; the model reads each variable whole. shard=False: a scope that changes
     nothing."""
     partitioner = tf.compat.v1.fixed_size_partitioner(len(cluster["ps"])) if shard else None
     return tf.compat.v1.variable_scope(tf.compat.v1.get_variable_scope(), partitioner=partitioner)
 
 
-def run_task(args, cluster, train, data):
-    """Start this task's server, then serve (a ps) or train(args, cluster, server, data)."""
-    global tf  # loaded only now: bad input has failed in one line, without TensorFlow's start-up
-    job, index = args.job_name, args.task_index
-    address = cluster[job][index]
-    if is_listening(address):  # in one line here, rather than deep inside gRPC
-        fail("%s %d: port %s is already in use: by an earlier run?" % (job, index, address))
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before the import: no C++ info lines
-    import tensorflow as tf
-    tf.compat.v1.disable_eager_execution()
-    tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)
-    one_thread = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1)  # cores for the others
-    server = tf.compat.v1.train.Server(cluster, job_name=job, task_index=index, config=one_thread)
+@contextlib.contextmanager
+def errors_in_one_line(args):
+    """A TensorFlow error that ends this task (a peer lost, a wait timed out) as one line."""
     try:
-        if job == "ps":
-            return serve(index, cluster, server, args.connect_timeout)
-        reach_the_ps(args, cluster)
-        return train(args, cluster, server, data)
+        yield
     except tf.errors.OpError as e:
-        fail("%s %d stopped: %s: %s" % (job, index, type(e).__name__, cause(e)))
+        fail("%s %d stopped: %s: %s" % (args.job_name, args.task_index, type(e).__name__,
+                                        cause(e)))
 
 
 def reach_the_ps(args, cluster):
@@ -735,12 +734,13 @@ def run_over_flag(ps_index):
         return tf.compat.v1.Variable(False, collections=[], name="run_over_%d" % ps_index)
 
 
-def serve(index, cluster, server, connect_timeout):
+def serve(args, cluster, server):
     """A ps serves until the chief says the run is over; TensorFlow's server never ends by
     itself. A ps whose flag no chief has set up within connect_timeout seconds, while the
     chief's port stays closed, served no one: it ends with an error (a chief that listens may be
-    building a large graph: the ps waits on). The flag's variable has the same name in every task's graph, so the
-    ps reads the one the chief writes."""
+    building a large graph: the ps waits on). The flag's variable has the same name in every
+    task's graph, so the ps reads the one the chief writes."""
+    index, connect_timeout = args.task_index, args.connect_timeout
     with tf.Graph().as_default():
         run_over = run_over_flag(index)
         set_up = tf.compat.v1.is_variable_initialized(run_over)

@@ -96,8 +96,10 @@ def main():
                 if template.is_listening(cluster["ps"][0]):
                     break
                 time.sleep(0.2)
-            sgd = template.build_async_sgd(flags, cluster, *template.training_batches(
-                data, flags.batch_size, 0, 1, flags.seed))
+            x, y = template.training_batches(data, flags.batch_size, 0, 1, flags.seed)
+            with tf.compat.v1.device(tf.compat.v1.train.replica_device_setter(  # as train() does
+                    cluster=cluster, worker_device="/job:worker/task:0")):
+                sgd = template.build_sgd(flags, x, y)
             global_step, train_op = sgd.global_step, sgd.step  # an update, as train.py runs it
             with tf.compat.v1.Session(worker.target, config=tf.compat.v1.ConfigProto(
                     device_filters=["/job:ps", "/job:worker/task:0"])) as s:

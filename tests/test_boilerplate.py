@@ -186,13 +186,12 @@ def test_every_number_flag_says_whether_it_may_be_0_and_bad_values_fail_in_one_l
     line that names the flag."""
     from support.examples import load_train_module
     module = load_train_module(example)
-    distributed = declared_jobs(example) != ()
     parser = {}
 
     def capture(p):  # the parser, once every flag is on it
         module.example_flags(p)
         parser["p"] = p
-    parse = lambda argv: module.parse_flags(argv, capture, distributed=distributed)
+    parse = lambda argv: module.parse_flags(argv, capture)
     parse([])
     kinds = {a.dest: a.type for a in parser["p"]._actions if a.type not in (None, str)}
     assert kinds, example

@@ -108,12 +108,10 @@ def test_an_alpha_that_would_carry_the_centre_past_the_mean_is_rejected():
 
 @pytest.mark.rule
 @pytest.mark.parametrize("workers,alpha", [(2, 0.3), (4, 0.15)])
-def test_the_default_alpha_keeps_beta_at_0_6_for_any_number_of_workers(workers, alpha, monkeypatch):
-    # the task itself is not started: main hands run_task the flags as they will train
-    monkeypatch.setattr(easgd, "run_task", lambda args, cluster, train, data: args.alpha)
-    hosts = ",".join("localhost:%d" % (2 + k) for k in range(workers))
-    got = easgd.main(["--job_name", "worker", "--ps_hosts", "localhost:1", "--worker_hosts", hosts])
-    assert got == pytest.approx(alpha)
+def test_the_default_alpha_keeps_beta_at_0_6_for_any_number_of_workers(workers, alpha):
+    args = easgd.parse_flags([], easgd.example_flags)  # --alpha not given
+    easgd.settle_alpha(args, workers)  # what main does with the number of workers
+    assert args.alpha == pytest.approx(alpha)
 
 
 def test_backup_workers_are_refused_in_one_line():

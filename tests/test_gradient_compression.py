@@ -201,7 +201,8 @@ def test_powersgd_warm_starts_each_step_from_the_last_q_a_power_iteration():
 def build(args, cluster, x, y):
     """What train() builds, on a fixed batch."""
     import tensorflow as tf
-    with tf.compat.v1.device(gc.ps_device(args, cluster)):
+    with tf.compat.v1.device(tf.compat.v1.train.replica_device_setter(
+            cluster=cluster, worker_device="/job:worker/task:%d" % args.task_index)):
         params = gc.model_params(x.shape[1:], args.hidden, args.seed)
     return gc.build_gradient_compression(args, args.task_index, len(cluster["worker"]), params,
                                          lambda p: gc.model_loss(p, x, y))

@@ -256,14 +256,20 @@ def test_shard_variables_puts_an_equal_slice_of_every_variable_on_each_ps(exampl
     import tensorflow as tf
     module = load_train_module(example)
     cluster = {"ps": ["localhost:1", "localhost:2", "localhost:3"], "worker": ["localhost:4"]}
-    build = module.build_async_sgd if example == "Distributed-Setup" else module.build_sync_sgd
     for shard in (False, True):
         args = module.parse_flags(["--hidden", "30"] + ["--shard_variables"] * shard,
                                   module.example_flags)
         with tf.Graph().as_default():
-            built = build(args, cluster, tf.zeros([4, 64]), tf.zeros([4], tf.int64))
+            x, y = tf.zeros([4, 64]), tf.zeros([4], tf.int64)
+            if example == "Distributed-Setup":  # the scopes its train() builds build_sgd in
+                with tf.compat.v1.device(tf.compat.v1.train.replica_device_setter(
+                        cluster=cluster, worker_device="/job:worker/task:0")), \
+                        module.sharded_over_the_ps(cluster, args.shard_variables):
+                    params = module.build_sgd(args, x, y).params
+            else:
+                params = module.build_sync_sgd(args, cluster, x, y).global_params
             bytes_on = {ps: 0 for ps in range(3)}
-            for name, variable in built.global_params.items():
+            for name, variable in params.items():
                 parts = list(variable) if shard else [variable]
                 ps_tasks = sorted(int(part.device.split("task:")[1]) for part in parts)
                 assert ps_tasks == ([0, 1, 2] if shard else ps_tasks[:1]), (name, ps_tasks)

@@ -18,7 +18,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "deploy"))
 import manifests  # noqa: E402  deploy/manifests.py: the one reader of a train.py's JOBS
 
-BANNER = "# " + "=" * 98 + "\n# Plumbing"
+BANNER = "# " + "=" * 98 + "\n# Plumbing shared by every example"
 BLOCK = re.compile(r"^# >>> shared: (.+?)\n(.*?)^# <<< shared: \1$", re.S | re.M)
 REFERENCES = ["Distributed-Setup", "ParameterServerStrategy", "Non-Distributed-Setup", "DOWNPOUR",
               "Sync-SGD"]
