@@ -260,44 +260,18 @@ class SyncReplicasStart(object):
     worker's local step and, on the chief, the thread that applies each aggregated step and
     hands out its tokens. Made with the graph (before Worker.start finalises it); Worker.start
     calls it on every new session, again after a restart. No tokens at the start (the hook's
-    num_tokens=0): no worker may start before the first step is aggregated, so the chief cannot
-    race ahead alone while the others start. Unlike the hook's queue runner, the thread never
-    closes the token queue when it stops: after a ps restart, that close (a new graph on the
-    lost session) would reach the new ps's queue by its name and end every worker's run with
-    an OutOfRangeError. The lost session's thread ends with it.
+    num_tokens=0), so the chief cannot race ahead alone while the others start; unlike the
+    hook's queue runner, the thread never closes the token queue (after a ps restart that close
+    would reach the new ps's queue by its name and end every worker's run).
 
-    A chief that restarts while the ps keeps the variables repairs the round first. A round is
-    one take from each variable's accumulator and that variable's own update, each waiting only
-    for its own take; only the global step waits for all. A killed chief can leave it half done:
-    some accumulators taken (their step one ahead) and, almost always, their variables updated
-    by the round; the others holding a gradient, not updated; the global step not moved on, no
-    tokens. The workers then wait for tokens for ever, and a chief that only set every
-    accumulator's step back (the hook's chief_init_op) waits for gradients that never come. So
-    the chief drops that round: the accumulators' gradients and the queue's tokens go, the
-    global step moves on by one, and each other worker gets a token of the new step (the
-    chief's own first step waits until they have taken them, at most 15 s). What the
-    round updated stays: a partial step, some variables moved by the round's mean gradient,
-    the others not (nothing keeps their values from before it, to set them back; and the
-    gradients of the variables not updated may lack the killed chief's, to complete it). The
-    next round's gradients are taken at these parameters, as at any others. A worker that was
-    waiting sends its next gradient to the new step; one that was not finds a spare token, and
-    its next gradient is dropped as stale (the accumulators count steps): a spare token costs a
-    mini-batch, a missing one would stop the run. A take of the killed chief's may still wait
-    on an accumulator, until the ps sees that chief gone: the emptying waits for it (3 tries of
-    5 s), and if it stays the run ends in one line, for that take would carry the dropped
-    round's gradients into the next round. (It reads the optimizer's accumulators and token
-    queue, which SyncReplicasOptimizer keeps to itself.)
-
-    run_round runs this worker's steps or rounds, one turn each. The accumulators count what
-    they receive, not who sent it, so without backup workers no worker may send twice to a
-    step. A worker killed while it waits for its token has that dequeue cancelled with its
-    call, and the token meant for it stays in the queue. Another worker that takes it has a
-    token of the step it has just sent to (its local step: set by each session's set-up, then
-    by each token taken; so a new session's or process's first step, when spare tokens are
-    found, is checked too). Were it to send again, its two sends would make the step, and it
-    would go on training alone, silently. It waits instead for the step to be made without it:
-    within --step_timeout, or the run ends in one line, as a lost quorum does. (With backup
-    workers two sends to a step are how the step follows the fast workers: no check.)"""
+    A chief that restarts while the ps keeps the variables drops the round its predecessor may
+    have left half done (drop_the_round): the accumulators' gradients and the queue's tokens
+    go, the global step moves on by one, and each other worker gets a token of the new step.
+    Whatever variables that round had updated stay so (a partial step). run_round gives each
+    worker one turn a step: one that takes a spare token of the step it has just sent to waits
+    for the step instead of sending to it twice. Sync-SGD's README tells why, case by case.
+    (It reads the optimizer's accumulators and token queue, which SyncReplicasOptimizer keeps
+    to itself.)"""
 
     def __init__(self, optimizer, workers, is_chief):
         self.optimizer, self.is_chief = optimizer, is_chief
@@ -429,8 +403,7 @@ def run_until_it_fails(session, op):
 #                                                                  serve, run_over_flag
 #   7. restarts: a step lost to a restarted task runs again on a
 #      new session, set up again; a worker whose steps stop
-#      (--watchdog) exits, for its restart policy to start again  RecoveringSession,
-#                                                                  Worker.watch
+#      (--watchdog) exits, for its restart policy to start again  RecoveringSession
 #   8. the data's way in: TFRecord files, each worker reading      read_records, records_dataset,
 #      its own; arrays that are no constant of the graph; the     arrays_dataset, example_shape,
 #      test set in batches; a Keras model's weights as the        test_batches, record_batches,
@@ -933,54 +906,43 @@ def serve(args, cluster, server):
 
 
 class Worker(object):
-    """A worker's part of the run, given what train() built: test_metrics(x, y), a dict of
-    metric tensors for a batch of test examples (each a mean over the batch), and test_set (the
-    data, or arrays (x, y): test_batches), fed to it in batches. start: the session (a RecoveringSession); in each
-    new one the chief restores the latest checkpoint in --log_dir, or initialises the
-    variables, where the ps lacks them, while the others wait for it. after_update: progress
-    lines; the chief's test metrics, TensorBoard summaries and a checkpoint every 30 s. end:
-    the chief waits for the others, saves, prints the summary line and ends the run. The run's
-    record on ps 0 says which workers started and how many local steps each made: the chief
-    waits for every worker to finish, to close its port after starting (lost), or not to start
-    within --connect_timeout; then it raises every ps's run-over flag. A ps that restarts loses
-    the record: the chief writes back what it last read. rejoins=False: an example whose
-    workers cannot take up a run again (Evolution-Strategies): a restarted task, or a session
-    lost to a restart, ends the task in one line."""
+    """A worker's part of the run, given what train() built: test_metrics(x, y), the metric
+    tensors of a batch of test examples (each a mean over the batch), and test_set (the data,
+    or arrays (x, y)), fed to them in batches. start: the session; after_update: progress lines
+    and the chief's evaluations and checkpoints; end: the chief waits for the others, saves,
+    prints the summary line and ends the run. The run's status on ps 0 holds, for each worker,
+    NOT_STARTED, TRAINING, or its local steps once it has finished; a ps that restarts loses
+    it, and the chief writes back what it last read. rejoins=False (an example whose workers
+    cannot take up a run again): a restarted task, or a session lost, ends the task in one
+    line."""
+    NOT_STARTED, TRAINING = -2, -1
 
     def __init__(self, args, cluster, test_metrics, test_set, steps_per_update=1, rejoins=True):
         self.args, self.cluster, self.test_set = args, cluster, test_set
         self.steps_per_update, self.rejoins = steps_per_update, rejoins
-        self.role = "worker%d" % args.task_index
-        self.is_chief = args.task_index == 0
+        self.role, self.is_chief = "worker%d" % args.task_index, args.task_index == 0
         self.global_step = tf.compat.v1.train.get_or_create_global_step()
         x_test, y_test = next(test_batches(test_set, 1))  # an example: the placeholders' types
         with tf.compat.v1.device("/job:worker/task:%d" % args.task_index):
             self.test_x = tf.compat.v1.placeholder(x_test.dtype, (None,) + x_test.shape[1:])
             self.test_y = tf.compat.v1.placeholder(y_test.dtype, (None,) + y_test.shape[1:])
             self.test_metrics = test_metrics(self.test_x, self.test_y)
-        # the run's record, never checkpointed: 1 for each worker that has started training, and
-        # each worker's local steps once it has finished (-1 before)
         workers = len(cluster["worker"])
-        with tf.compat.v1.device("/job:ps/task:0"):
-            self.started = tf.compat.v1.Variable(np.zeros(workers, np.int64), collections=[],
-                                                 name="started")
-            self.finished = tf.compat.v1.Variable(np.full(workers, -1, np.int64),
-                                                  collections=[], name="finished")
-        self.i_started = tf.compat.v1.scatter_update(self.started, [args.task_index], [1])
-        self.my_local_steps = tf.compat.v1.placeholder(tf.int64, [1])
-        self.i_finished = tf.compat.v1.scatter_update(self.finished, [args.task_index],
-                                                      self.my_local_steps)
+        with tf.compat.v1.device("/job:ps/task:0"):  # never checkpointed
+            self.status = tf.compat.v1.Variable(np.full(workers, self.NOT_STARTED, np.int64),
+                                                collections=[], name="run_status")
+        self.my_status = tf.compat.v1.placeholder(tf.int64, [1])
+        self.set_my_status = tf.compat.v1.scatter_update(self.status, [args.task_index],
+                                                         self.my_status)
+        self.has_status = tf.compat.v1.is_variable_initialized(self.status)
+        self.has_status.mark_used()  # a worker may never run it: no "never used" error at exit
         run_over = [run_over_flag(k) for k in range(len(cluster["ps"]))]
         self.end_run = tf.group([flag.assign(True) for flag in run_over])
-        if self.is_chief:  # a restarted chief, or a restarted ps, sets up only what is not there
-            self.record = [(tf.compat.v1.is_variable_initialized(v), v.initializer)
-                           for v in [self.started, self.finished] + run_over]
-            self.record_fed = [tf.compat.v1.placeholder(tf.int64, [workers]) for _ in "sf"]
-            self.write_back = [self.started.assign(self.record_fed[0]),
-                               self.finished.assign(self.record_fed[1])]
-            self.record_seen = None  # (started, finished) as the chief last read them
-        self.has_record = tf.compat.v1.is_variable_initialized(self.started)
-        self.has_record.mark_used()  # a worker may never run it: no "never used" error at exit
+        self.set_up = [(tf.compat.v1.is_variable_initialized(v), v.initializer)
+                       for v in [self.status] + run_over]  # what a new chief or ps lacks
+        self.status_fed = tf.compat.v1.placeholder(tf.int64, [workers])
+        self.write_back = self.status.assign(self.status_fed)
+        self.status_seen = None  # the status as the chief last read it
         self.local_steps, self.history = 0, []
         # the chief's last new session found the variables on the ps: it (or its session) was
         # restarted, the ps was not (a synchronous example's start-up reads it)
@@ -1004,38 +966,36 @@ class Worker(object):
             print("[worker0] chief: log_dir=%s" % args.log_dir, flush=True)
             self.writer = tf.compat.v1.summary.FileWriter(args.log_dir,
                                                           tf.compat.v1.get_default_graph())
-        session = RecoveringSession(self)
+        session = RecoveringSession(self.new_session, self.role, self.rejoins, args.watchdog)
         self.step = self.start_step = int(session.run(self.global_step))
         self.start_time, self.last_checkpoint = time.time(), 0  # the first evaluation saves
         self.progress_steps, self.progress_time = 0, self.start_time  # at the last progress line
         print("[%s] training started" % self.role, flush=True)
-        self.watching = True
-        threading.Thread(target=self.watch, daemon=True).start()
         return session
 
     def new_session(self, first):
-        """A session on this task's server, set up: the chief initialises the record where it
-        is missing (writing back what it last read, after a ps restarted) and restores the
+        """A session on this task's server, set up. The chief sets up the run's status where it
+        is missing (writing back what it last read, after ps 0 restarted), and restores the
         latest checkpoint, or initialises, where the ps lacks the variables: a restarted worker
-        does not roll the run back. The others wait for it; then every worker initialises its
-        own variables and marks itself started."""
+        does not roll the run back. The others wait for it; then each initialises its own
+        variables and marks itself TRAINING."""
         args = self.args
         reach_the_ps(args, self.cluster)
         # filter devices, or the session waits for every worker to answer, even those that left
         session = tf.compat.v1.Session(self.server.target, config=tf.compat.v1.ConfigProto(
             device_filters=["/job:ps", "/job:worker/task:%d" % args.task_index],
             intra_op_parallelism_threads=1))
-        if first and not self.rejoins and session.run(self.has_record) and session.run(
-                self.started)[args.task_index]:  # this worker started once already
+        if first and not self.rejoins and session.run(self.has_status) and session.run(
+                self.status)[args.task_index] != self.NOT_STARTED:  # it started once already
             fail("%s: %s cannot take a restarted worker back into a run in progress; start "
                  "the whole run again" % (self.role, EXAMPLE))
         if self.is_chief:
-            record_lost = not session.run(self.has_record)  # a new run, or ps 0 restarted
-            for is_set_up, initializer in self.record:
+            status_lost = not session.run(self.has_status)  # a new run, or ps 0 restarted
+            for is_set_up, initializer in self.set_up:
                 if not session.run(is_set_up):
                     session.run(initializer)
-            if record_lost and self.record_seen is not None:  # ps 0 restarted: the record back
-                session.run(self.write_back, dict(zip(self.record_fed, self.record_seen)))
+            if status_lost and self.status_seen is not None:  # ps 0 restarted: the status back
+                session.run(self.write_back, {self.status_fed: self.status_seen})
             self.kept_variables = len(session.run(self.not_ready)) == 0
             if not self.kept_variables:  # a new run, or the ps restarted
                 checkpoint = tf.train.latest_checkpoint(args.log_dir)
@@ -1054,8 +1014,9 @@ class Worker(object):
             fail("%s: the chief has not set the variables up after %g s"
                  % (self.role, args.connect_timeout))
         session.run(self.initialise_local)
-        session.run(self.i_started)
-        absent = lambda: [k for k, s in enumerate(session.run(self.started)) if not s]
+        session.run(self.set_my_status, {self.my_status: [self.TRAINING]})
+        absent = lambda: [k for k, s in enumerate(session.run(self.status))
+                          if s == self.NOT_STARTED]
         if self.wait_for_everyone and not wait_for(
                 lambda: not absent(), args.connect_timeout, waiting=lambda: (
                     "[%s] waiting for worker(s) %s to start" % (self.role, ",".join(
@@ -1065,24 +1026,10 @@ class Worker(object):
         self.each_session(session)
         return session
 
-    def watch(self):
-        """The watchdog: a step that never returns (a peer's restart can leave one waiting
-        forever) cannot be interrupted, so a worker that has completed no step for --watchdog
-        seconds says so and ends its process, and its restart policy starts it again. It
-        watches until the session is closed (RecoveringSession.close)."""
-        while self.watching:
-            time.sleep(1)
-            if self.watching and time.time() > self.last_step + self.args.watchdog:
-                print("error: %s completed no step for %g s (--watchdog): exiting, so that it "
-                      "can be restarted" % (self.role, self.args.watchdog), file=sys.stderr,
-                      flush=True)
-                os._exit(2)  # sys.exit would wait for the stuck step
-
-    def read_record(self, session):
-        """(started, finished) on ps 0; the chief keeps what it read, to write it back."""
-        started, finished = session.run([self.started, self.finished])
-        self.record_seen = (started, finished)
-        return started, finished
+    def read_status(self, session):
+        """The run's status on ps 0; the chief keeps what it read, to write it back."""
+        self.status_seen = session.run(self.status)
+        return self.status_seen
 
     def after_update(self, session, loss, global_step):
         """Count the update; every --log_every local steps a progress line (the chief adds the
@@ -1098,7 +1045,7 @@ class Worker(object):
         if self.is_chief:
             for name, value in self.evaluate(session, self.step, loss).items():
                 line += " test_%s=%.4f" % (name, value)
-            self.read_record(session)
+            self.read_status(session)
             if time.time() > self.last_checkpoint + 30:
                 self.save(session)
         print(line + " steps_per_sec=%.1f" % rate, flush=True)
@@ -1121,24 +1068,25 @@ class Worker(object):
         return metrics
 
     def end(self, session, minibatches_per_update=1, **extra):
-        """This worker is done; the chief waits for the others and prints the summary, with the
-        example's extra fields (values, or tensors that it reads now)."""
-        session.run(self.i_finished, {self.my_local_steps: [self.local_steps]})
+        """This worker is done. The chief waits for every other worker to finish, to close its
+        port while TRAINING (lost), or, NOT_STARTED, not to start within --connect_timeout;
+        names those it lost, saves, prints the summary line with the example's extra fields
+        (values, or tensors that it reads now), and raises every ps's run-over flag."""
+        session.run(self.set_my_status, {self.my_status: [self.local_steps]})
         if self.is_chief:
             workers, my_end = self.cluster["worker"], time.time()
 
-            def still_to_come():  # neither finished, nor lost after starting, nor too late
-                started, finished = self.read_record(session)
+            def still_to_come():  # neither finished, nor lost, nor too late to start
                 late = time.time() > my_end + self.args.connect_timeout
-                return [k for k, w in enumerate(workers) if finished[k] < 0
-                        and (is_listening(w) if started[k] else not late)]
+                return [k for k, s in enumerate(self.read_status(session))
+                        if s == self.TRAINING and is_listening(workers[k])
+                        or s == self.NOT_STARTED and not late]
             wait_for(lambda: not still_to_come(), waiting=lambda: (
                 "[worker0] waiting for worker(s) %s to finish" % ",".join(
                     map(str, still_to_come()))))
-            started, finished = self.read_record(session)  # after the wait
-            local_steps = [int(n) for n in finished]
-            lost = [k for k, n in enumerate(local_steps) if n < 0 and started[k]]
-            absent = [k for k, n in enumerate(local_steps) if n < 0 and not started[k]]
+            status = self.read_status(session)  # after the wait
+            lost = [k for k, s in enumerate(status) if s == self.TRAINING]
+            absent = [k for k, s in enumerate(status) if s == self.NOT_STARTED]
             if lost:
                 print("[worker0] worker(s) %s failed or were lost" % ",".join(map(str, lost)))
             if absent:
@@ -1153,7 +1101,8 @@ class Worker(object):
                 time.time() - self.start_time)
             summary.update(global_step=self.step, workers=len(workers),
                            ps=len(self.cluster["ps"]), lost_workers=len(lost + absent),
-                           local_steps=local_steps, updates=self.step - self.start_step,
+                           local_steps=[max(int(s), -1) for s in status],
+                           updates=self.step - self.start_step,
                            steps_per_sec=rate, examples_per_sec=rate * self.args.batch_size)
             for key, value in extra.items():
                 summary[key] = float(session.run(value)) if tf.is_tensor(value) else value
@@ -1166,14 +1115,19 @@ class Worker(object):
 
 
 class RecoveringSession(object):
-    """The session Worker.start returns. A step that fails because a task restarted (aborted,
-    unavailable or cancelled: the old session's graphs and devices are gone) closes the session
-    without waiting for it, makes a new one, set up again by Worker.new_session, and runs the
-    step again: at most RETRIES times in a row, after 1, 2, 4 ... s, each try one line."""
+    """The session Worker.start returns, made by new_session(first). A step that fails because
+    a task restarted (aborted, unavailable or cancelled: the old session's graphs and devices
+    are gone) closes the session without waiting for it, makes a new one and runs the step
+    again: at most RETRIES times in a row, after 1, 2, 4 ... s, each try one line. Its watchdog:
+    a step that never returns (a peer's restart can leave one waiting forever) cannot be
+    interrupted, so once steps have begun, a worker that completes none for --watchdog seconds
+    says so and ends its process, for its restart policy to start it again."""
     RETRIES = 6
 
-    def __init__(self, worker):
-        self.worker, self.session, self.made, self.closing = worker, None, 0, []
+    def __init__(self, new_session, role, rejoins, watchdog):
+        self.new_session, self.role, self.rejoins = new_session, role, rejoins
+        self.session, self.made, self.closing = None, 0, []
+        self.watchdog, self.last_step, self.watching = watchdog, None, True
 
     def run(self, fetches, feed_dict=None, options=None):
         return self.call(lambda session: session.run(fetches, feed_dict, options))
@@ -1183,17 +1137,19 @@ class RecoveringSession(object):
         for attempt in range(1, self.RETRIES + 2):
             try:
                 if self.session is None:
-                    self.session = self.worker.new_session(first=self.made == 0)
+                    self.session = self.new_session(first=self.made == 0)
                     self.made += 1
                 result = step(self.session)
-                self.worker.last_step = time.time()  # what the watchdog watches
+                if self.last_step is None:  # the first step: the watchdog begins
+                    threading.Thread(target=self.watch, daemon=True).start()
+                self.last_step = time.time()
                 return result
             except (tf.errors.AbortedError, tf.errors.UnavailableError,
                     tf.errors.CancelledError) as e:
-                if attempt > self.RETRIES or not self.worker.rejoins:
+                if attempt > self.RETRIES or not self.rejoins:
                     raise
                 print("[%s] lost a step to a restart (%s: %s); a new session in %d s, try %d "
-                      "of %d" % (self.worker.role, type(e).__name__, cause(e), 2 ** (attempt - 1),
+                      "of %d" % (self.role, type(e).__name__, cause(e), 2 ** (attempt - 1),
                                  attempt, self.RETRIES), flush=True)
                 if self.session is not None:  # closing waits for its running steps, and a
                     # step that a restart left waiting may never return: close it aside
@@ -1202,10 +1158,19 @@ class RecoveringSession(object):
                     self.session = None
                 time.sleep(2 ** (attempt - 1))
 
+    def watch(self):
+        while self.watching:
+            time.sleep(1)
+            if self.watching and time.time() > self.last_step + self.watchdog:
+                print("error: %s completed no step for %g s (--watchdog): exiting, so that it "
+                      "can be restarted" % (self.role, self.watchdog), file=sys.stderr,
+                      flush=True)
+                os._exit(2)  # sys.exit would wait for the stuck step
+
     def close(self):
         """At the end: the session, and a while for the ones closing aside (a process that
         exits while a thread is inside TensorFlow aborts). The watchdog stops watching."""
-        self.worker.watching = False
+        self.watching = False
         if self.session is not None:
             self.session.close()
         for thread in self.closing:

@@ -232,3 +232,60 @@ def test_no_python_file_uses_a_name_it_never_defines():
                       for m in pyflakes.checker.Checker(tree, filename=path).messages
                       if isinstance(m, undefined)]
     assert found == []
+
+
+# --- The lesson in view ---------------------------------------------------------------------------
+PS_EXAMPLES = [e for e in EXAMPLES if declared_jobs(e) == ("ps", "worker")]
+SYNC_REPAIR = ("SyncReplicasStart", "run_until_it_fails", "sync_round", "no_round_in_time")
+
+
+def story(example):
+    """The text a reader meets first: everything above the first banner."""
+    text = read(example, "train.py")
+    return text[:text.index("# " + "=" * 98)]
+
+
+def story_code(example):
+    """The story's lines of code: its docstrings, comments and blank lines left out."""
+    import io
+    import tokenize
+    text = story(example)
+    docstrings = set()
+    for token in tokenize.generate_tokens(io.StringIO(text).readline):
+        if token.type == tokenize.STRING and token.line.strip().startswith('"""'):
+            docstrings.update(range(token.start[0], token.end[0] + 1))
+    code = []
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.split("  # ")[0].rstrip()
+        if number not in docstrings and line.strip() and not line.lstrip().startswith("#"):
+            code.append(line)
+    return code
+
+
+@pytest.mark.parametrize("example", PS_EXAMPLES)
+def test_every_ps_example_shows_its_cluster_server_placement_and_session_in_its_story(example):
+    code = "\n".join(story_code(example))
+    for call in ("tf.train.ClusterSpec(", "tf.distribute.Server(", 'if args.job_name == "ps":',
+                 "serve(args, cluster, server)", "worker.start(server", "import tensorflow as tf"):
+        assert call in code, (example, call)
+    if example != "Evolution-Strategies":  # which places its variables itself, device by device
+        assert "tf.compat.v1.train.replica_device_setter(" in code, example
+
+
+@pytest.mark.parametrize("example", EXAMPLES)
+def test_no_story_holds_the_synchronous_round_repair(example):
+    defined = re.findall(r"^(?:def|class) (\w+)", story(example), re.M)
+    assert not set(defined) & set(SYNC_REPAIR), (example, set(defined) & set(SYNC_REPAIR))
+
+
+def test_the_baseline_and_its_distributed_twin_differ_only_by_the_distribution():
+    """Non-Distributed-Setup and Distributed-Setup, side by side: the same data, model, step
+    and loop, so that their stories' code differs in at most 40 lines (added and removed
+    together): the cluster, the server, the placement and the session."""
+    import difflib
+    baseline, twin = story_code("Non-Distributed-Setup"), story_code("Distributed-Setup")
+    changed = [line for line in difflib.unified_diff(baseline, twin, lineterm="", n=0)
+               if line[:1] in "+-" and not line.startswith(("+++", "---"))]
+    assert len(changed) <= 40, "\n".join(changed)
+    assert "-    params = model_params(x.shape[1:], args.hidden, args.seed, num_classes)" \
+        not in changed  # the step itself is the same
