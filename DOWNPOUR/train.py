@@ -820,10 +820,11 @@ class Worker(object):
         self.has_status.mark_used()  # a worker may never run it: no "never used" error at exit
         run_over = [run_over_flag(k) for k in range(len(cluster["ps"]))]
         self.end_run = tf.group([flag.assign(True) for flag in run_over])
-        self.set_up = [(tf.compat.v1.is_variable_initialized(v), v.initializer)
-                       for v in [self.status] + run_over]  # what a new chief or ps lacks
-        self.status_fed = tf.compat.v1.placeholder(tf.int64, [workers])
-        self.write_back = self.status.assign(self.status_fed)
+        if self.is_chief:  # a restarted chief, or a restarted ps, sets up only what is not there
+            self.set_up = [(tf.compat.v1.is_variable_initialized(v), v.initializer)
+                           for v in [self.status] + run_over]
+            self.status_fed = tf.compat.v1.placeholder(tf.int64, [workers])
+            self.write_back = self.status.assign(self.status_fed)
         self.status_seen = None  # the status as the chief last read it
         self.local_steps, self.history = 0, []
         # the chief's last new session found the variables on the ps: it (or its session) was
@@ -850,10 +851,16 @@ class Worker(object):
                                                           tf.compat.v1.get_default_graph())
         session = RecoveringSession(self.new_session, self.role, self.rejoins, args.watchdog)
         self.step = self.start_step = int(session.run(self.global_step))
-        self.start_time, self.last_checkpoint = time.time(), 0  # the first evaluation saves
-        self.progress_steps, self.progress_time = 0, self.start_time  # at the last progress line
+        self.last_checkpoint = 0  # the first evaluation saves
+        self.start_clock()  # again at the first update
         print("[%s] training started" % self.role, flush=True)
         return session
+
+    def start_clock(self):
+        """The run's clock (its rates, its history's seconds) starts once the first update has
+        returned, in every example: set-up, and the first step's own preparation, untimed."""
+        self.start_time = self.progress_time = time.time()
+        self.timed_from_step, self.progress_steps = self.step, self.local_steps
 
     def new_session(self, first):
         """A session on this task's server, set up. The chief sets up the run's status where it
@@ -919,6 +926,8 @@ class Worker(object):
         self.step = int(global_step)
         before = self.local_steps
         self.local_steps += self.steps_per_update
+        if before == 0:  # the clock starts as the first update returns (start_clock)
+            self.start_clock()
         if before // self.args.log_every == self.local_steps // self.args.log_every:
             return
         rate = (self.local_steps - self.progress_steps) / (time.time() - self.progress_time)
@@ -979,13 +988,15 @@ class Worker(object):
             summary = dict(example=EXAMPLE)
             for name, value in self.evaluate(session, self.step).items():  # what it saved
                 summary["test_" + name] = value
-            rate = (self.step - self.start_step) * minibatches_per_update / (
-                time.time() - self.start_time)
+            seconds = time.time() - self.start_time
+            rate = (self.step - self.timed_from_step) * minibatches_per_update / seconds
             summary.update(global_step=self.step, workers=len(workers),
                            ps=len(self.cluster["ps"]), lost_workers=len(lost + absent),
                            local_steps=[max(int(s), -1) for s in status],
                            updates=self.step - self.start_step,
-                           steps_per_sec=rate, examples_per_sec=rate * self.args.batch_size)
+                           timed_from_step=self.timed_from_step, timed_seconds=seconds,
+                           steps_per_sec=rate,
+                           examples_per_sec=rate * self.args.batch_size)
             for key, value in extra.items():
                 summary[key] = float(session.run(value)) if tf.is_tensor(value) else value
             print_summary(self.role, summary, self.history, self.args.metrics_file)

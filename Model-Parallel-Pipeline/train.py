@@ -724,8 +724,8 @@ def tensorboard_summary(metrics, loss=None):
 # >>> shared: one client
 def resolve_workers(args):
     """The workers from the flags, or else from TF_CONFIG (a "worker" job, a "chief" as worker 0,
-    and no ps); None when neither is given: this process runs alone. Sets job_name, task_index, role, and
-    connect_timeout if not given: 60 s, or 600 s under TF_CONFIG."""
+    and no ps); None when neither is given: this process runs alone. Sets job_name, task_index,
+    role, and connect_timeout if not given: 60 s, or 600 s under TF_CONFIG."""
     job, index = args.job_name or "worker", args.task_index
     if args.ps_hosts:
         fail("this example has no parameter server: give --worker_hosts only")
@@ -884,16 +884,24 @@ class Client(object):
         else:
             session.run(init)
         self.step = self.start_step = int(session.run(self.global_step))
-        self.started = time.time()
         self.last_checkpoint = 0.0  # the first progress line saves one
-        self.progress_step, self.progress_time = self.step, self.started
+        self.start_clock()  # again at the first update
         print("[%s] training started" % role, flush=True)
         return session
+
+    def start_clock(self):
+        """The run's clock (its rates, its history's seconds) starts once the first update has
+        returned, in every example: set-up, and the first step's own preparation, untimed."""
+        self.started = self.progress_time = time.time()
+        self.timed_from_step = self.progress_step = self.step
 
     def after_update(self, session, loss, global_step):
         """Count the update; every --log_every steps a progress line with the test metrics and,
         once every 30 s, a checkpoint."""
+        first = self.step == self.start_step
         self.step = int(global_step)
+        if first:  # the clock starts as the first update returns (start_clock)
+            self.start_clock()
         if self.step % self.args.log_every:
             return
         rate = (self.step - self.progress_step) / (time.time() - self.progress_time)
@@ -925,14 +933,15 @@ class Client(object):
         fields; then the client tells the other workers that the run is over."""
         self.step = int(session.run(self.global_step))
         self.save(session)
-        updates = self.step - self.start_step
-        rate = updates / (time.time() - self.started)
+        updates, seconds = self.step - self.start_step, time.time() - self.started
+        rate = (self.step - self.timed_from_step) / seconds
         workers = len(self.cluster["worker"]) if self.cluster else 1
         summary = dict(example=EXAMPLE)
         for name, value in self.evaluate(session, self.step).items():  # what it saved
             summary["test_" + name] = value
         summary.update(global_step=self.step, workers=workers, ps=0, lost_workers=0,
-                       local_steps=[updates], updates=updates, steps_per_sec=rate,
+                       local_steps=[updates], updates=updates, timed_from_step=self.timed_from_step,
+                       timed_seconds=seconds, steps_per_sec=rate,
                        examples_per_sec=rate * self.args.batch_size, **extra)
         print_summary(self.args.role, summary, self.history, self.args.metrics_file)
         self.writer.close()

@@ -558,16 +558,24 @@ class Run(object):
         else:
             session.run(tf.compat.v1.global_variables_initializer())
         self.step = self.start_step = int(session.run(self.global_step))
-        self.start_time, self.last_checkpoint = time.time(), 0  # the first evaluation saves
-        self.progress_steps, self.progress_time = 0, self.start_time
+        self.last_checkpoint = 0  # the first evaluation saves
+        self.start_clock()  # again at the first update
         print("[local] training started", flush=True)
         return session
+
+    def start_clock(self):
+        """The run's clock (its rates, its history's seconds) starts once the first update has
+        returned, in every example: set-up, and the first step's own preparation, untimed."""
+        self.start_time = self.progress_time = time.time()
+        self.timed_from_step, self.progress_steps = self.step, self.local_steps
 
     def after_update(self, session, loss, global_step):
         """Count the update; every --log_every steps a progress line with the test metrics
         (and, once every 30 s, a checkpoint)."""
         self.step = int(global_step)
         self.local_steps += 1
+        if self.local_steps == 1:  # the clock starts as the first update returns (start_clock)
+            self.start_clock()
         if self.local_steps % self.args.log_every:
             return
         rate = (self.local_steps - self.progress_steps) / (time.time() - self.progress_time)
@@ -600,10 +608,11 @@ class Run(object):
         summary = dict(example=EXAMPLE)
         for name, value in self.evaluate(session).items():  # what it saved
             summary["test_" + name] = value
-        updates = self.step - self.start_step
-        rate = updates / (time.time() - self.start_time)
+        updates, seconds = self.step - self.start_step, time.time() - self.start_time
+        rate = (self.step - self.timed_from_step) / seconds
         summary.update(global_step=self.step, workers=1, ps=0, lost_workers=0,
-                       local_steps=[updates], updates=updates, steps_per_sec=rate,
+                       local_steps=[updates], updates=updates, timed_from_step=self.timed_from_step,
+                       timed_seconds=seconds, steps_per_sec=rate,
                        examples_per_sec=rate * self.args.batch_size, log_dir=self.args.log_dir)
         print_summary(self.role, summary, self.history, self.args.metrics_file)
         self.writer.close()

@@ -241,6 +241,9 @@ def schedule_until_done(args, cluster, pss, test_set, test_metrics):
     threading.Thread(target=end_when_no_worker_answers, args=(args, cluster), daemon=True).start()
     for call in range(1, max(calls, 0) + 1):
         loss = pss.coordinator.schedule(pss.train_steps, args=(pss.iterator,))
+        if call == 1:  # traced, sent and run once: the clock starts
+            loss.fetch()
+            run.start_clock(int(pss.global_step.numpy()))
         if call % every == 0:  # wait for this call only: the others keep running
             run.progress(float(loss.fetch()), int(pss.global_step.numpy()))
     pss.coordinator.join()  # every scheduled call has run (again elsewhere, if a worker died)
@@ -820,9 +823,16 @@ class TrainingRun(object):
             after_restore()
         self.start_step = int(checkpoint.global_step.numpy())
         self.writer = tf.summary.create_file_writer(args.log_dir) if is_chief else None
-        self.history, self.started = [], time.time()
-        self.progress_step, self.progress_time = self.start_step, self.started
+        self.history = []
+        self.start_clock(self.start_step)  # again when the loop's first step returns
         print("[%s] training started: log_dir=%s" % (self.role, args.log_dir), flush=True)
+
+    def start_clock(self, global_step):
+        """The run's clock (its rates, its history's seconds) starts once the first step has
+        returned, in every example: set-up, and the tracing of the step function, untimed. The
+        loop calls it with the global step then."""
+        self.started = self.progress_time = time.time()
+        self.timed_from_step = self.progress_step = global_step
 
     def evaluate(self, global_step, loss=None):
         """The test metrics, each a mean over the test set, 1000 examples at a time; also to
@@ -860,7 +870,7 @@ class TrainingRun(object):
             self.remove_scratch()
             return 0
         seconds = time.time() - self.started
-        minibatches = (global_step - self.start_step) * minibatches_per_update
+        minibatches = (global_step - self.timed_from_step) * minibatches_per_update
         summary = dict(example=EXAMPLE)
         for name, value in self.evaluate(global_step).items():
             summary["test_" + name] = value
@@ -868,6 +878,7 @@ class TrainingRun(object):
             global_step=global_step, workers=len(self.cluster["worker"]),
             ps=len(self.cluster.get("ps", [])), lost_workers=lost_workers,
             local_steps=local_steps, updates=global_step - self.start_step,
+            timed_from_step=self.timed_from_step, timed_seconds=seconds,
             steps_per_sec=minibatches / seconds,
             examples_per_sec=minibatches * self.args.batch_size / seconds, **extra)
         self.writer.close()

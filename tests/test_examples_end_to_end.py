@@ -70,6 +70,30 @@ def test_each_example_trains_to_its_bar_and_every_process_ends_by_itself(example
     assert metrics["global_step"] == int(summary["global_step"]) and metrics["history"]
     names = os.listdir(run.log_dir)
     assert "checkpoint" in names and any(n.startswith("events.out.tfevents") for n in names)
+    # the clock starts as the first update returns, the same event in every example: its
+    # history's seconds and its rates time what came after it
+    start_step = int(summary["global_step"]) - int(summary["updates"])
+    assert start_step < int(summary["timed_from_step"]) <= metrics["history"][0][1], summary
+    assert all(0 <= seconds <= float(summary["timed_seconds"])  # the last: the final evaluation
+               for seconds, *_ in metrics["history"][:-1]), (summary, metrics["history"])
+
+
+@pytest.mark.parametrize("example, first_update", [
+    ("Distributed-Setup", 1), ("ParameterServerStrategy", 10)])  # a step; a call of 10 steps
+def test_the_clock_starts_when_the_first_update_has_returned_in_tf1_and_tf2_alike(
+        example, first_update, default_runs):
+    """A tf.compat.v1 example's first update runs a graph that the session prepares then; a
+    TensorFlow 2 example's traces its function. Neither is timed: the clock starts as the first
+    update returns, and the rate is the updates since then over the seconds since then."""
+    summary = default_runs[example].summary()
+    start_step = int(summary["global_step"]) - int(summary["updates"])
+    timed_from = int(summary["timed_from_step"])
+    if example == "Distributed-Setup":  # asynchronous: the other worker's updates may come first
+        assert start_step < timed_from < int(summary["global_step"]), summary
+    else:  # the chief waits for its first scheduled call alone
+        assert timed_from == start_step + first_update, summary
+    timed_rate = (int(summary["global_step"]) - timed_from) / float(summary["timed_seconds"])
+    assert float(summary["steps_per_sec"]) == pytest.approx(timed_rate, rel=1e-4), summary
 
 
 # --- What a family of examples shows end to end ---------------------------------------------------
