@@ -199,10 +199,7 @@ def main(argv=None):
 # the same text in every train.py with one client (a test keeps the copies equal):
 #   1. flags, and the workers from them or from TF_CONFIG (neither:
 #      this process alone); --data_path's file, checked           parse_flags, resolve_workers,
-#                                                                  check_cluster, positive_int,
-#                                                                  positive_float, number,
-#                                                                  non_negative_int,
-#                                                                  non_negative_float,
+#                                                                  check_cluster, number_type,
 #                                                                  read_npz, Pixels, as_float32
 #   2. TensorFlow loads after the checks; this task's server and
 #      its devices; a failure ends the task in one line           run_task, task_config, fail,
@@ -229,32 +226,21 @@ def fail(message):
     sys.exit(2)
 
 
-def positive_int(text):
-    """A count or a size: a whole number, more than 0."""
-    return number(text, int, positive=True)
+def number_type(kind, positive):
+    """A flag's type: a number of kind (int or float), more than 0 if positive, else 0 or more
+    (NaN neither); a bad value fails in one line that names the flag."""
+    def parse(text):
+        value = kind(text)  # not a number: a ValueError, and argparse says "invalid ... value"
+        if not (value > 0 if positive else value >= 0):
+            raise argparse.ArgumentTypeError("must be %s, got %s"
+                                             % ("positive" if positive else "0 or more", text))
+        return value
+    parse.__name__ = ("positive_" if positive else "non_negative_") + kind.__name__
+    return parse
 
 
-def positive_float(text):
-    """A rate or a time: more than 0."""
-    return number(text, float, positive=True)
-
-
-def non_negative_int(text):
-    """A whole number that may be 0 (an index, a seed, a count of spares)."""
-    return number(text, int, positive=False)
-
-
-def non_negative_float(text):
-    """A number that may be 0 (a decay, a momentum, a delay)."""
-    return number(text, float, positive=False)
-
-
-def number(text, kind, positive):
-    value = kind(text)  # not a number: a ValueError, and argparse says "invalid ... value"
-    if not (value > 0 if positive else value >= 0):  # NaN fails both
-        raise argparse.ArgumentTypeError("must be %s, got %s"
-                                         % ("positive" if positive else "0 or more", text))
-    return value
+positive_int, positive_float = number_type(int, True), number_type(float, True)
+non_negative_int, non_negative_float = number_type(int, False), number_type(float, False)
 
 
 def parse_flags(argv, example_flags):

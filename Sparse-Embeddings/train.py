@@ -235,11 +235,8 @@ def main(argv=None):
 # latest in --log_dir when it starts (Worker.start) and saves one every 30 s and at the end
 # (Worker.save). In this order; the same text in every train.py that runs on a ps (a test keeps
 # the copies equal):
-#   1. flags, each number of its type, and the cluster from them  parse_flags, positive_int,
-#      or from TF_CONFIG; --data_path's file, checked             positive_float, number,
-#                                                                  non_negative_int,
-#                                                                  non_negative_float,
-#                                                                  resolve_cluster, check_cluster,
+#   1. flags, each number of its type, and the cluster from them  parse_flags, number_type,
+#      or from TF_CONFIG; --data_path's file, checked             resolve_cluster, check_cluster,
 #                                                                  read_npz, Pixels, as_float32
 #   2. each variable cut into a slice per ps, if asked            sharded_over_the_ps
 #   3. a failure ends the task in one line                        errors_in_one_line, fail, cause
@@ -268,32 +265,21 @@ def fail(message):
     sys.exit(2)
 
 
-def positive_int(text):
-    """A count or a size: a whole number, more than 0."""
-    return number(text, int, positive=True)
+def number_type(kind, positive):
+    """A flag's type: a number of kind (int or float), more than 0 if positive, else 0 or more
+    (NaN neither); a bad value fails in one line that names the flag."""
+    def parse(text):
+        value = kind(text)  # not a number: a ValueError, and argparse says "invalid ... value"
+        if not (value > 0 if positive else value >= 0):
+            raise argparse.ArgumentTypeError("must be %s, got %s"
+                                             % ("positive" if positive else "0 or more", text))
+        return value
+    parse.__name__ = ("positive_" if positive else "non_negative_") + kind.__name__
+    return parse
 
 
-def positive_float(text):
-    """A rate or a time: more than 0."""
-    return number(text, float, positive=True)
-
-
-def non_negative_int(text):
-    """A whole number that may be 0 (an index, a seed, a count of spares)."""
-    return number(text, int, positive=False)
-
-
-def non_negative_float(text):
-    """A number that may be 0 (a decay, a momentum, a delay)."""
-    return number(text, float, positive=False)
-
-
-def number(text, kind, positive):
-    value = kind(text)  # not a number: a ValueError, and argparse says "invalid ... value"
-    if not (value > 0 if positive else value >= 0):  # NaN fails both
-        raise argparse.ArgumentTypeError("must be %s, got %s"
-                                         % ("positive" if positive else "0 or more", text))
-    return value
+positive_int, positive_float = number_type(int, True), number_type(float, True)
+non_negative_int, non_negative_float = number_type(int, False), number_type(float, False)
 
 
 def parse_flags(argv, example_flags):
