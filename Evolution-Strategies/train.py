@@ -383,12 +383,15 @@ def close_generation(session, es, args, generation, expected):
 
 def hear(session, es, arrived, generation):
     """The chief, on an arrival (g, k, ticket) while it closes a generation: k asks for its copy
-    (g is ASKS), handed over now, or k's pairs of generation g have come. Returns {k}: a worker
-    heard from, late or not, is waited for again next generation."""
+    (g is ASKS), handed over now, or k's pairs of generation g have come. Returns {k} if k is
+    to be expected next generation: a worker that asked, or whose pairs are of this generation
+    or the one before, is waited for again; one further behind applies the lists it missed
+    before it publishes again, and is waited for once its pairs are current."""
     g, k, ticket = (int(value) for value in arrived)
     if g == ASKS:
         session.run(es.hand_over[k], {es.ticket: ticket})
-    return {k}
+        return {k}
+    return {k} if g >= generation - 1 else set()
 
 
 def set_up_session(session, es, args, role):

@@ -350,6 +350,33 @@ def test_a_resumed_run_goes_on_with_adams_moments_bit_for_bit(tmp_path):
     assert copy_of(es0, chief) == went_on == copy_of(*workers[1])
 
 
+def test_a_worker_generations_behind_is_not_waited_for_until_its_pairs_are_current():
+    # worker 1 stalls while the chief closes three generations; then it publishes pairs of
+    # generation 0, and has lists 0, 1 and 2 to apply before it publishes again. The chief
+    # hears it, but does not wait for it in the next generation (--generation_timeout 30)
+    module, args, workers = es_workers(2, "--generation_timeout", "30")
+    (es0, chief), (es1, other) = workers
+    chief_alone(module, args, workers, 3)
+    other.run(es1.publish)  # pairs of generation 0
+    started = time.time()
+    chief.run(es0.publish)
+    _, expected, missing = module.close_generation(chief, es0, args, 3, set())
+    assert expected == set() and missing == set()
+    chief.run(es0.publish)
+    _, expected, missing = module.close_generation(chief, es0, args, 4, expected)
+    assert time.time() - started < 10  # no wait for it (30 s)
+    # it catches up: lists 0 to 4, the last with none waiting; its next pairs are current,
+    # and then it is waited for again
+    steps = [values(other.run(es1.update, options=timeout(30))) for _ in range(5)]
+    assert [step[0] for step in steps] == [1, 2, 3, 4, 5] and steps[-1][2] == 0, steps
+    other.run(es1.publish)  # pairs of generation 5
+    chief.run(es0.publish)
+    update, expected, missing = module.close_generation(chief, es0, args, 5, set())
+    assert expected == {1} and values(update)[1] == 4
+    assert values(other.run(es1.update, options=timeout(30))) == (6, 4, 0)
+    assert theta_of(es0, chief).tobytes() == theta_of(es1, other).tobytes()
+
+
 def test_a_killed_worker_costs_one_bounded_wait_and_the_chief_trains_on(tmp_path):
     run = kill_mid_run(EXAMPLE, tmp_path)
     assert run.code == 1, run.output[-3000:]

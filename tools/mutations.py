@@ -173,6 +173,11 @@ MUTATIONS = [
              "        if k > 0:\n            move_to_local_variables(adam.variables())",
              "        if True:\n            move_to_local_variables(adam.variables())",
              node(ES_TESTS, "test_a_resumed_run_goes_on_with_adams_moments_bit_for_bit"), None),
+    Mutation("Evolution-Strategies: pairs generations old make the chief wait for that worker",
+             "Evolution-Strategies/train.py", "return {k} if g >= generation - 1 else set()",
+             "return {k}",
+             node(ES_TESTS, "test_a_worker_generations_behind_is_not_waited_for_until_its_pairs_"
+                  "are_current"), None),
     Mutation("Distributed-Setup (the appendix): the test metrics' last, uneven batch weighed "
              "as 1000 examples", "Distributed-Setup/train.py",
              "totals[name] += value * len(feed[x])", "totals[name] += value * 1000",
