@@ -246,13 +246,15 @@ def build_evolution_strategies(args, cluster, new_params, fitness):
 
 
 def arrival(g, k, ticket):
+    """What the arrivals queue carries: (generation, worker, ticket)."""
     return tf.stack([tf.cast(x, tf.int64) for x in (g, k, ticket)])
 
 
 def hand_over_to(its_lists, its_starts, copy, global_step, ticket, n):
-    """The chief's copy to worker k, at the generation of the global step. A step of k's previous
-    process may still wait on k's list queue, and would take the next list: a spare one goes in
-    first, for it; then the queue is emptied, and k's next list is the copy's generation's."""
+    """The chief's copy to the worker whose queues these are, at the generation of the global
+    step. A step of that worker's previous process may still wait on its list queue, and would
+    take the next list: a spare one goes in first, for it; then the queue is emptied, and the
+    worker's next list is the copy's generation's."""
     spare = its_lists.enqueue([tf.constant(-1, tf.int64), tf.fill([n, 4], -1.0)])  # no one's
     with tf.control_dependencies([spare]):
         emptied = its_lists.dequeue_many(its_lists.size())
