@@ -9,7 +9,9 @@ What it teaches
     rebuilds every other worker's eps_j bit for bit, applies the same update to its copy from
     the same list of pairs, and the copies stay identical: the paper's shared seeds. A
     generation is synchronous: the chief waits for the others' pairs, at most
-    --generation_timeout, then makes one list for all; late pairs are left out by everyone.
+    --generation_timeout, then makes one list for all; late pairs are left out by everyone. A
+    worker that starts, late or restarted, asks the chief for its copy (theta and Adam's state)
+    and applies every list from there; a restarted chief is refused (README).
 
 The update rule (generation g; P = --population per worker; n pairs in the list)
     worker k, for each of its P/2 pairs j (global indices k*P/2 ... k*P/2 + P/2 - 1):
@@ -139,18 +141,25 @@ def model_metrics(params, x, y):
 
 # --- The algorithm --------------------------------------------------------------------------------
 EvolutionStrategies = collections.namedtuple(
-    "EvolutionStrategies", "theta global_step table publish next_arrival update "
-    "late_arrivals gradient_estimate send_start receive_start")
+    "EvolutionStrategies", "theta copy generation global_step table publish next_arrival update "
+    "late_arrivals gradient_estimate ticket ask take_copy hand_over leave_last_copy")
+ASKS = -1  # the generation of an arrival that asks for the chief's copy (pairs have g >= 0)
+LAST_COPY = -1  # the ticket of the copy the chief leaves at its end, for any worker
 
 
 def build_evolution_strategies(args, cluster, new_params, fitness):
     """This worker's ops, for the model new_params() makes and its fitness(params) (a scalar).
     publish       its pairs of its generation onto the ps, then (but the chief's) its arrival
-    next_arrival  the chief's: the next arrival of another worker, waiting for it
+    next_arrival  the chief's: the next arrival of another worker, waiting for it: (g, k, 0)
+                  after k's pairs of generation g, or (ASKS, k, ticket) when k asks for a copy
     update        the next list applied to theta: (next generation, pairs used, lists waiting);
                   the chief's first makes that list, for every worker, and then late_arrivals
                   takes the arrivals it did not wait for
-    send_start, receive_start    the chief's theta and its generation to the others, once"""
+    ask, take_copy  the others': ask the chief for its copy (feed ticket, a number of its own),
+                  then take a copy handed over: (its generation, the ticket it was asked with)
+    hand_over[k]  the chief's: its copy (theta, Adam's state, their generation) to worker k,
+                  with the ticket k asked with
+    leave_last_copy  the chief's, at its end: its copy to every other worker, with LAST_COPY"""
     workers, k, pairs_each = len(cluster["worker"]), args.task_index, args.population // 2
     n, worker, ps = workers * pairs_each, "/job:worker/task:%d" % k, "/job:ps/task:0"
     with tf.compat.v1.device(worker):
@@ -161,15 +170,10 @@ def build_evolution_strategies(args, cluster, new_params, fitness):
         global_step = tf.compat.v1.train.get_or_create_global_step()  # generations closed
         table = tf.compat.v1.Variable(tf.fill([n, 4], -1.0), collections=[],
                                       name="pairs")  # row j: (g, j, F_j+, F_j-), its latest
-        arrivals = tf.queue.FIFOQueue(-1, [tf.int64], [[2]], shared_name="arrivals")
+        arrivals = tf.queue.FIFOQueue(-1, [tf.int64], [[3]], shared_name="arrivals")
+        next_arrival = arrivals.dequeue()
         lists = [tf.queue.FIFOQueue(-1, [tf.int64, tf.float32], [[], [n, 4]],
                                     shared_name="list%d" % i) for i in range(workers)]
-        # a start: theta and its generation, so that a worker that starts late applies every
-        # list made since, in order, and labels its pairs with its theta's generation
-        starts = [tf.queue.FIFOQueue(1, [p.dtype for p in theta.values()] + [tf.int64],
-                                     [p.shape for p in theta.values()] + [[]],
-                                     names=list(theta) + ["generation"],
-                                     shared_name="start%d" % i) for i in range(workers)]
 
     with tf.compat.v1.device(worker):  # publish: this worker's pairs of its generation g
         generation = worker_variables("es", {"generation": global_step},
@@ -181,9 +185,8 @@ def build_evolution_strategies(args, cluster, new_params, fitness):
         loss = -fitness(theta)
     with tf.compat.v1.device(ps), tf.control_dependencies([
             tf.compat.v1.scatter_update(table, own, rows)]):  # the rows first, then the arrival
-        arrived = (arrivals.enqueue(tf.stack([g, tf.constant(k, tf.int64)])) if k > 0
-                   else tf.no_op())  # the chief knows when its own rows are in
-    with tf.compat.v1.device(worker), tf.control_dependencies([arrived]):
+        arrived = arrivals.enqueue(arrival(g, k, 0)) if k > 0 else tf.no_op()  # the chief
+    with tf.compat.v1.device(worker), tf.control_dependencies([arrived]):  # knows its own
         publish = tf.identity(loss, name="publish")
 
     with tf.compat.v1.device(ps):  # update: the same list for generation g on every worker
@@ -198,6 +201,8 @@ def build_evolution_strategies(args, cluster, new_params, fitness):
             listed_g, listed = lists[k].dequeue()
     with tf.compat.v1.device(worker):
         listed_g = tf.identity(listed_g)  # copied here, so the loop below runs here alone
+        in_order = tf.debugging.assert_equal(
+            listed_g, g, message="worker%d: a list of another generation than its theta's" % k)
         counted = tf.boolean_mask(listed, tf.equal(listed[:, 0], tf.cast(listed_g, tf.float32)))
         u = centred_ranks(counted[:, 2:])  # the pairs of g that had arrived; older rows drop out
         sums = weighted_noise(listed_g, tf.cast(counted[:, 1], tf.int64), u[:, 0] - u[:, 1],
@@ -205,26 +210,58 @@ def build_evolution_strategies(args, cluster, new_params, fitness):
         twice_n = tf.cast(2 * tf.shape(counted)[0], tf.float32)
         gradient_estimate = {m: s / (twice_n * args.sigma) for m, s in sums.items()}
         adam = tf.compat.v1.train.AdamOptimizer(args.learning_rate)  # it descends: -g_hat
-        step = adam.apply_gradients([(-gradient_estimate[m], theta[m]) for m in theta])
-        move_to_local_variables(adam.variables())  # its moments: equal on every worker
-        with tf.control_dependencies([g]):  # after the pairs and the arrival have read it
+        with tf.control_dependencies([in_order]):
+            step = adam.apply_gradients([(-gradient_estimate[m], theta[m]) for m in theta])
+        # a worker's copy: theta and Adam's moments, equal on every worker; the chief's are
+        # checkpointed, so that a resumed run goes on with its moments
+        copy = dict(theta)
+        copy.update((v.op.name, v) for v in adam.variables())
+        if k > 0:
+            move_to_local_variables(adam.variables())
+        with tf.control_dependencies([g, in_order]):  # after the pairs and the arrival read it
             moved_on = generation.assign(listed_g + 1)
         with tf.control_dependencies([step, moved_on]):
             next_g, used = tf.identity(listed_g + 1), tf.shape(counted)[0]
     with tf.compat.v1.device(ps), tf.control_dependencies([next_g]):
         update = [next_g, used, lists[k].size()]  # a list already waiting: this worker is behind
 
-    with tf.compat.v1.device(ps):  # the one-time start
-        next_arrival, started = arrivals.dequeue(), starts[k].dequeue()
-        with tf.control_dependencies([table.initializer]):  # ready before anyone publishes
-            send_start = tf.group([q.enqueue(dict(theta, generation=global_step.read_value()))
-                                   for q in starts[1:]])
+    with tf.compat.v1.device(ps):  # a copy handed over: the chief's, to a worker that asks
+        ticket = tf.compat.v1.placeholder(tf.int64, [], name="ticket")
+        starts = [tf.queue.FIFOQueue(-1, [v.dtype.base_dtype for v in copy.values()]
+                                     + [tf.int64, tf.int64],
+                                     [v.shape for v in copy.values()] + [[], []],
+                                     names=list(copy) + ["generation", "ticket"],
+                                     shared_name="start%d" % i) for i in range(workers)]
+        ask, handed = arrivals.enqueue(arrival(ASKS, k, ticket)), starts[k].dequeue()
+        hand_over = [None] + [hand_over_to(lists[q], starts[q], copy, global_step, ticket, n)
+                              for q in range(1, workers)]
+        leave_last_copy = tf.group([q.enqueue(dict(copy, generation=global_step.read_value(),
+                                                   ticket=LAST_COPY)) for q in starts[1:]])
     with tf.compat.v1.device(worker):
-        with tf.control_dependencies([theta[m].assign(started[m]) for m in theta]
-                                     + [generation.assign(started["generation"])]):
-            receive_start = tf.identity(started["generation"])  # its value: theta's generation
-    return EvolutionStrategies(theta, global_step, table, publish, next_arrival, update,
-                               late_arrivals, gradient_estimate, send_start, receive_start)
+        with tf.control_dependencies([copy[m].assign(handed[m]) for m in copy]
+                                     + [generation.assign(handed["generation"])]):
+            take_copy = [tf.identity(handed["generation"]), tf.identity(handed["ticket"])]
+    return EvolutionStrategies(theta, copy, generation, global_step, table, publish,
+                               next_arrival, update, late_arrivals, gradient_estimate, ticket,
+                               ask, take_copy, hand_over, leave_last_copy)
+
+
+def arrival(g, k, ticket):
+    """What the arrivals queue carries: (generation, worker, ticket)."""
+    return tf.stack([tf.cast(x, tf.int64) for x in (g, k, ticket)])
+
+
+def hand_over_to(its_lists, its_starts, copy, global_step, ticket, n):
+    """The chief's copy to the worker whose queues these are, at the generation of the global
+    step. A step of that worker's previous process may still wait on its list queue, and would
+    take the next list: a spare one goes in first, for it; then the queue is emptied, and the
+    worker's next list is the copy's generation's."""
+    spare = its_lists.enqueue([tf.constant(-1, tf.int64), tf.fill([n, 4], -1.0)])  # no one's
+    with tf.control_dependencies([spare]):
+        emptied = its_lists.dequeue_many(its_lists.size())
+    with tf.control_dependencies(emptied):
+        return its_starts.enqueue(dict(copy, generation=global_step.read_value(),
+                                       ticket=ticket))
 
 
 def noise(generation, j, like):
@@ -296,16 +333,14 @@ def train(args, cluster, server, data):
     es = build_evolution_strategies(
         args, cluster, lambda: model_params(x.shape[1:], args.hidden, args.seed, data.num_classes),
         lambda params: -model_loss(params, x, y))  # fitness: minus the loss
-    # rejoins=False: a restarted worker's theta and generation could not be made the others'
+    role = "worker%d" % args.task_index
+    # rejoins: a restarted worker takes the chief's copy again; a restarted chief is refused in
+    # one line, as the copy it would restore is older than the workers' (README)
     worker = Worker(args, cluster, lambda x, y: model_metrics(es.theta, x, y),
-                    data, rejoins=False)
-    session = worker.start(server)
-    role, generation = "worker%d" % args.task_index, int(session.run(es.global_step))
-    if args.task_index == 0:  # the one-time start: from here on only seeds and fitness travel
-        session.run(es.send_start)
-    else:  # a worker that starts late applies the lists made since theta's generation first
-        generation = int(bounded(session, es.receive_start, args.connect_timeout,
-                                 role + ": no theta from the chief"))
+                    data, rejoins=args.task_index > 0)
+    session = worker.start(server, each_session=lambda new_session: set_up_session(
+        new_session, es, args, role))
+    generation = int(session.run(es.generation))
     expected, short, loss, behind = set(range(1, workers)), 0, float("nan"), False
     while generation < int(np.ceil(args.steps / workers)):  # a mini-batch per worker a generation
         if args.task_index == 0:  # its pairs, a bounded wait for the others', the list for all
@@ -320,6 +355,8 @@ def train(args, cluster, server, data):
                                                            args, role)
         behind = waiting > 0
         worker.after_update(session, loss, generation)
+    if worker.is_chief:  # for a worker that asks after the last generation
+        session.run(es.leave_last_copy)
     print("[%s] theta checksum=%d (the same on every worker)"
           % (role, checksum(session.run(list(es.theta.values())))), flush=True)
     return worker.end(session, minibatches_per_update=workers, population=args.population,
@@ -329,20 +366,61 @@ def train(args, cluster, server, data):
 def close_generation(session, es, args, generation, expected):
     """The chief: wait for this generation's pairs from the workers expected, at most
     --generation_timeout; then its update makes the list (the pairs on the ps at that moment,
-    whoever's) and applies it. Returns the update's values, the workers to expect next time
-    (all heard from, late or not: a worker back is waited for again) and the ones missing."""
+    whoever's) and applies it. A worker that asks meanwhile is handed the chief's copy at once.
+    Returns the update's values, the workers to expect next time (hear) and the ones missing."""
     heard, on_time, deadline = set(), set(), time.time() + args.generation_timeout
     while not expected <= on_time and time.time() < deadline:
         try:
-            arrived, worker = session.run(es.next_arrival, options=tf.compat.v1.RunOptions(
+            arrived = session.run(es.next_arrival, options=tf.compat.v1.RunOptions(
                 timeout_in_ms=max(1, int(1000 * (deadline - time.time())))))
         except tf.errors.DeadlineExceededError:
             break  # late or lost: the generation goes on without its pairs, on every worker
-        heard.add(int(worker))
-        if arrived == generation:
-            on_time.add(int(worker))
+        heard |= hear(session, es, arrived, generation)
+        if arrived[0] == generation:
+            on_time.add(int(arrived[1]))
     update, late = session.run([es.update, es.late_arrivals])
-    return update, heard | {int(worker) for _, worker in late}, expected - on_time
+    for arrived in late:
+        heard |= hear(session, es, arrived, generation)
+    return update, heard, expected - on_time
+
+
+def hear(session, es, arrived, generation):
+    """The chief, on an arrival (g, k, ticket) while it closes a generation: k asks for its copy
+    (g is ASKS), handed over now, or k's pairs of generation g have come. Returns {k} if k is
+    to be expected next generation: a worker that asked, or whose pairs are of this generation
+    or the one before, is waited for again; one further behind applies the lists it missed
+    before it publishes again, and is waited for once its pairs are current."""
+    g, k, ticket = (int(value) for value in arrived)
+    if g == ASKS:
+        session.run(es.hand_over[k], {es.ticket: ticket})
+        return {k}
+    return {k} if g >= generation - 1 else set()
+
+
+def set_up_session(session, es, args, role):
+    """In each new session, before its first generation: the chief sets up the table of pairs;
+    every other worker takes the chief's copy (take_the_chiefs_copy), at the start of the run,
+    started late or restarted. From then on only seeds and fitness values travel."""
+    if args.task_index == 0:
+        session.run(es.table.initializer)
+    else:
+        take_the_chiefs_copy(session, es, args, role)
+
+
+def take_the_chiefs_copy(session, es, args, role):
+    """Every worker but the chief, in each new session: ask the chief for its copy with a ticket
+    of its own, and take the copy handed over with that ticket, or the last one the chief left at
+    its end (one handed to a previous process of this worker, which asked and was lost, is
+    passed over): theta, Adam's state and their generation, the chief's bit for bit. Returns
+    that generation."""
+    ticket = int.from_bytes(os.urandom(7), "big")  # two processes never draw the same
+    session.run(es.ask, {es.ticket: ticket})
+    taken = None
+    while taken not in (ticket, LAST_COPY):
+        generation, taken = bounded(
+            session, es.take_copy, args.generation_timeout + args.connect_timeout,
+            "%s: no copy of theta from the chief" % role)
+    return generation
 
 
 def wait_for_list(session, fetches, args, role):

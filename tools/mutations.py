@@ -54,6 +54,7 @@ MWMS_SIGTERM = node("tests/test_multi_worker_mirrored_strategy.py", "test_a_sigt
                     "checkpoint_at_one_step_on_every_worker_and_the_rerun_resumes_there[worker1]")
 
 DATA_FILES = "tests/test_data_files.py"
+ES_TESTS = "tests/test_evolution_strategies.py"
 MUTATIONS = [
     Mutation("TFRecord files: every worker reads every training file", "Distributed-Setup/train.py",
              "from_tensor_slices(data.train_files).shard(num_workers, worker_index)",
@@ -143,6 +144,40 @@ MUTATIONS = [
              RESTORE, RESTORE_ONLY_THE_STEP,
              node("tests/test_evolution_strategies.py",
                   "test_a_rerun_resumes_from_the_chiefs_checkpoint_with_every_copy_alike"), None),
+    Mutation("Evolution-Strategies: a restarted chief taken back (its checkpoint is older than "
+             "the workers' copies)", "Evolution-Strategies/train.py",
+             "data, rejoins=args.task_index > 0)", "data, rejoins=True)",
+             node(ES_TESTS, "test_a_restarted_chief_is_refused_in_one_line"), None),
+    Mutation("Evolution-Strategies: a worker takes the first copy handed over, whoever asked",
+             "Evolution-Strategies/train.py", "    while taken not in (ticket, LAST_COPY):\n",
+             "    while taken is None:\n", ES_TESTS, RULE),
+    Mutation("Evolution-Strategies: no spare list for a lost process's step still on the ps",
+             "Evolution-Strategies/train.py", "with tf.control_dependencies([spare]):",
+             "with tf.control_dependencies([]):", ES_TESTS, RULE),
+    Mutation("Evolution-Strategies: a copy handed over leaves the older lists in the queue",
+             "Evolution-Strategies/train.py", "    with tf.control_dependencies(emptied):\n",
+             "    with tf.control_dependencies([spare]):\n",
+             node(ES_TESTS, "test_a_worker_that_starts_late_takes_the_chiefs_copy_of_now_and_no_"
+                  "older_list"), None),
+    Mutation("Evolution-Strategies: the chief leaves no copy at its end (a rerun with no "
+             "generation left waits for one)", "Evolution-Strategies/train.py",
+             "        session.run(es.leave_last_copy)\n", "        pass\n",
+             node(ES_TESTS, "test_a_rerun_resumes_from_the_chiefs_checkpoint_with_every_copy_"
+                  "alike"), None),
+    Mutation("Evolution-Strategies: a copy handed over without Adam's moments",
+             "Evolution-Strategies/train.py",
+             "copy.update((v.op.name, v) for v in adam.variables())",
+             "copy.update((v.op.name, v) for v in [])", ES_TESTS, RULE),
+    Mutation("Evolution-Strategies: the chief's Adam moments left out of its checkpoint",
+             "Evolution-Strategies/train.py",
+             "        if k > 0:\n            move_to_local_variables(adam.variables())",
+             "        if True:\n            move_to_local_variables(adam.variables())",
+             node(ES_TESTS, "test_a_resumed_run_goes_on_with_adams_moments_bit_for_bit"), None),
+    Mutation("Evolution-Strategies: pairs generations old make the chief wait for that worker",
+             "Evolution-Strategies/train.py", "return {k} if g >= generation - 1 else set()",
+             "return {k}",
+             node(ES_TESTS, "test_a_worker_generations_behind_is_not_waited_for_until_its_pairs_"
+                  "are_current"), None),
     Mutation("Distributed-Setup (the appendix): the test metrics' last, uneven batch weighed "
              "as 1000 examples", "Distributed-Setup/train.py",
              "totals[name] += value * len(feed[x])", "totals[name] += value * 1000",
