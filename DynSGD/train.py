@@ -804,9 +804,9 @@ class Worker(object):
     and the chief's evaluations and checkpoints; end: the chief waits for the others, saves,
     prints the summary line and ends the run. The run's status on ps 0 holds, for each worker,
     NOT_STARTED, TRAINING, or its local steps once it has finished; a ps that restarts loses
-    it, and the chief writes back what it last read. rejoins=False (an example whose workers
-    cannot take up a run again): a restarted task, or a session lost, ends the task in one
-    line."""
+    it, and the chief writes back what it last read. rejoins=False (a task that cannot take up
+    a run again: Evolution-Strategies' chief): that task restarted, or its session lost, ends
+    it in one line."""
     NOT_STARTED, TRAINING = -2, -1
 
     def __init__(self, args, cluster, test_metrics, test_set, steps_per_update=1, rejoins=True):
