@@ -449,9 +449,8 @@ def checksum(values):
 def main(argv=None):
     global tf
     args = parse_flags(argv, example_flags)  # bad input fails here, before TensorFlow loads
-    if args.population % 2 or args.sigma <= 0:
-        fail("--population must be even (antithetic pairs) and --sigma positive, got %d and %g"
-             % (args.population, args.sigma))
+    if args.population % 2:  # (--sigma's type refuses 0)
+        fail("--population must be even (antithetic pairs), got %d" % args.population)
     cluster = resolve_cluster(args)  # {"ps": [host:port, ...], "worker": [...]}, or TF_CONFIG's
     data = load_dataset(args.data_path) if args.job_name == "worker" else None  # a ps needs none
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before the import: no C++ info lines

@@ -485,8 +485,8 @@ def test_an_odd_population_or_a_zero_sigma_is_refused_in_one_line():
                                               "localhost:1", "--worker_hosts", "localhost:2"])
         assert code == 2
         assert error_lines(stderr) == [
-            "error: --population must be even (antithetic pairs) and --sigma positive, got %s"
-            % ("7 and 0.05" if flag == "--population" else "50 and 0")], stderr
+            "error: --population must be even (antithetic pairs), got 7" if flag == "--population"
+            else "error: --sigma must be positive, got 0"], stderr
 
 
 # ==================================================================================================
