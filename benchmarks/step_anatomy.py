@@ -73,8 +73,8 @@ def main():
         flags.task_index = 0
         local = example_runs.load_example("Non-Distributed-Setup", "local_train")
         local.tf = tf
-        train_op = local.build_sgd(flags, *local.training_batches(
-            data, flags.batch_size, 0, 1, flags.seed)).train_op
+        train_op = local.build_sgd(flags, *local.training_batches(  # an update, as it runs it
+            data, flags.batch_size, 0, 1, flags.seed)).step
         with tf.compat.v1.Session(config=tf.compat.v1.ConfigProto(
                 intra_op_parallelism_threads=1, inter_op_parallelism_threads=2)) as s:
             s.run(tf.compat.v1.global_variables_initializer())
