@@ -1,8 +1,11 @@
 """Every example folder is self-contained, so its plumbing is copied: keep the copies equal, and
 keep every train.py in the reading order that puts the algorithm first."""
 import ast
+import difflib
+import io
 import os
 import re
+import tokenize
 
 import pytest
 
@@ -247,8 +250,6 @@ def story(example):
 
 def story_code(example):
     """The story's lines of code: its docstrings, comments and blank lines left out."""
-    import io
-    import tokenize
     text = story(example)
     docstrings = set()
     for token in tokenize.generate_tokens(io.StringIO(text).readline):
@@ -282,7 +283,6 @@ def test_the_baseline_and_its_distributed_twin_differ_only_by_the_distribution()
     """Non-Distributed-Setup and Distributed-Setup, side by side: the same data, model, step
     and loop, so that their stories' code differs in at most 40 lines (added and removed
     together): the cluster, the server, the placement and the session."""
-    import difflib
     baseline, twin = story_code("Non-Distributed-Setup"), story_code("Distributed-Setup")
     changed = [line for line in difflib.unified_diff(baseline, twin, lineterm="", n=0)
                if line[:1] in "+-" and not line.startswith(("+++", "---"))]
