@@ -53,6 +53,11 @@ JOBS = ("ps", "worker")  # the jobs of its cluster; deploy/ and the tests read t
 
 
 def example_flags(parser):
+    parser.add_argument("--optimizer", default="sgd", choices=("sgd", "adamw"),
+                        help="plain SGD, or AdamW: Adam with its weight decay apart from "
+                             "the gradient (try --learning_rate 0.001) (default: sgd)")
+    parser.add_argument("--weight_decay", type=non_negative_float, default=0.01,
+                        help="AdamW's (default: 0.01)")
     parser.add_argument("--shard_variables", action="store_true",
                         help="cut every variable into a slice per ps task (sharded_over_the_ps), "
                              "so that each ps carries an equal share: for NUM_PS > 1")
@@ -141,8 +146,15 @@ def build_sgd(args, x, y, num_classes=10):
     global_step = tf.compat.v1.train.get_or_create_global_step()
     params = model_params(x.shape[1:], args.hidden, args.seed, num_classes)
     loss = model_loss(params, x, y)
-    train_op = tf.compat.v1.train.GradientDescentOptimizer(args.learning_rate).minimize(
-        loss, global_step=global_step)
+    if args.optimizer == "adamw":  # AdamW (Loshchilov and Hutter, ICLR 2019)
+        train_op = tf.compat.v1.train.AdamOptimizer(args.learning_rate).minimize(
+            loss, global_step=global_step)
+        with tf.control_dependencies([train_op]):  # the decay, apart from the gradient
+            train_op = tf.group([p.assign_sub(args.learning_rate * args.weight_decay * p)
+                                 for p in params.values()])
+    else:
+        train_op = tf.compat.v1.train.GradientDescentOptimizer(args.learning_rate).minimize(
+            loss, global_step=global_step)
     with tf.control_dependencies([train_op]):
         step = global_step.read_value()  # one update; its value: the global step after it
     return SGD(params, global_step, loss, step)

@@ -9,10 +9,13 @@ What it teaches
 The update rule (each step)
     g      <- grad L(params; next mini-batch)
     params <- params - learning_rate * g
+    (--optimizer adamw: Adam's step of g instead, and the weight decay apart from it; the baseline
+    of the examples whose workers step with AdamW, such as DiLoCo)
 
 Run it
     bash run.sh                      # or: python train.py --steps 2000
     python train.py --data_path mnist.npz  # MNIST (or your own images) instead of the digits
+    python train.py --optimizer adamw --learning_rate 0.001   # AdamW instead of plain SGD
 
 Use your own model
     Replace the two sections marked "(replace with your own)": Data (load_dataset) and Model
@@ -38,7 +41,12 @@ JOBS = ()  # one process, no cluster; deploy/ and the tests read this here
 
 
 def example_flags(parser):
-    """This example has only the flags every example shares (see parse_flags)."""
+    """Besides the flags every example shares (see parse_flags): the optimizer."""
+    parser.add_argument("--optimizer", default="sgd", choices=("sgd", "adamw"),
+                        help="plain SGD, or AdamW: Adam with its weight decay apart from "
+                             "the gradient (try --learning_rate 0.001) (default: sgd)")
+    parser.add_argument("--weight_decay", type=non_negative_float, default=0.01,
+                        help="AdamW's (default: 0.01)")
 
 
 # --- Data (replace with your own) -----------------------------------------------------------------
@@ -122,8 +130,15 @@ def build_sgd(args, x, y, num_classes=10):
     global_step = tf.compat.v1.train.get_or_create_global_step()
     params = model_params(x.shape[1:], args.hidden, args.seed, num_classes)
     loss = model_loss(params, x, y)
-    train_op = tf.compat.v1.train.GradientDescentOptimizer(args.learning_rate).minimize(
-        loss, global_step=global_step)
+    if args.optimizer == "adamw":  # AdamW (Loshchilov and Hutter, ICLR 2019)
+        train_op = tf.compat.v1.train.AdamOptimizer(args.learning_rate).minimize(
+            loss, global_step=global_step)
+        with tf.control_dependencies([train_op]):  # the decay, apart from the gradient
+            train_op = tf.group([p.assign_sub(args.learning_rate * args.weight_decay * p)
+                                 for p in params.values()])
+    else:
+        train_op = tf.compat.v1.train.GradientDescentOptimizer(args.learning_rate).minimize(
+            loss, global_step=global_step)
     with tf.control_dependencies([train_op]):
         step = global_step.read_value()  # one update; its value: the global step after it
     return SGD(params, global_step, loss, step)

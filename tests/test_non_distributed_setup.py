@@ -37,3 +37,36 @@ def test_a_missing_or_incomplete_data_file_is_reported_in_one_line(tmp_path, con
     line = error_lines(stderr)[0]
     assert line.startswith("error: cannot load %s (" % path), line
     assert line.endswith("): give an .npz with x_train, y_train, x_test and y_test"), line
+
+
+def one_step(*argv):
+    """The parameters before and after one step of build_sgd on a fixed batch, in one process."""
+    import tensorflow as tf
+    from support.examples import load_train_module
+    from support.in_process import fixed_batch, flags, values
+    module = load_train_module("Non-Distributed-Setup")
+    module.tf = tf
+    with tf.Graph().as_default():
+        sgd = module.build_sgd(flags(module, *argv), *fixed_batch())
+        with tf.compat.v1.Session() as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            before = values(session, sgd.params)
+            session.run(sgd.step)
+            return before, values(session, sgd.params)
+
+
+@pytest.mark.rule
+def test_the_adamw_baseline_takes_adams_step_and_decays_the_parameters_apart_from_the_gradient():
+    # Adam's first step moves every parameter that has a gradient by the learning rate, in the
+    # gradient's direction (m / sqrt(v) = g / |g|); plain SGD moves it by lr * g
+    before, adam = one_step("--optimizer", "adamw", "--learning_rate", "0.01", "--weight_decay", "0")
+    moved = np.abs(adam["w1"] - before["w1"])
+    assert np.allclose(moved[moved > 1e-6], 0.01, rtol=1e-3)
+    _, sgd = one_step("--learning_rate", "0.01")
+    assert not np.allclose(np.abs(sgd["w1"] - before["w1"]), moved)
+    # decoupled: the decay shrinks the parameters by lr * decay whatever the gradient (an L2
+    # term in the loss would go through Adam's division by sqrt(v) instead)
+    _, decayed = one_step("--optimizer", "adamw", "--learning_rate", "0.01", "--weight_decay", "0.5")
+    for name in before:
+        np.testing.assert_allclose(decayed[name], adam[name] * (1 - 0.01 * 0.5), rtol=1e-5,
+                                   atol=1e-7, err_msg=name)
