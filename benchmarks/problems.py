@@ -16,6 +16,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROBLEMS = ("digits", "mnist1d")
 CACHE = os.path.join(ROOT, "benchmarks", "data", "mnist1d.npz")  # ignored by git
+VALIDATION = 400  # the training signals a tuning run is scored on, never trained on
 
 # make_dataset reseeds the global random and np.random of the process it runs in, so it runs in
 # a process of its own: a benchmark's own random numbers stay what they were
@@ -34,6 +35,28 @@ def data_path(problem):
     if problem not in PROBLEMS:
         raise ValueError("--problem: choose one of %s, not %r" % (", ".join(PROBLEMS), problem))
     return "" if problem == "digits" else mnist1d_npz(CACHE)
+
+
+def validation_path(problem):
+    """What --data_path a tuning run gets: the problem's training set split in two, the last
+    VALIDATION examples of a fixed shuffle as its "test" arrays and the rest to train on, so
+    that choosing a learning rate never sees the test set. Made once, beside the data."""
+    import numpy as np
+    if problem != "mnist1d":
+        raise ValueError("--tune: the validation split is made for mnist1d only, not %r"
+                         % problem)
+    source = data_path(problem)
+    path = source[:-len(".npz")] + "-validation.npz"
+    if not os.path.exists(path):
+        with np.load(source) as d:
+            x, y = d["x_train"], d["y_train"]
+        order = np.random.RandomState(0).permutation(len(x))
+        train, held_out = order[:-VALIDATION], order[-VALIDATION:]
+        partial = "%s.%d.npz" % (path[:-len(".npz")], os.getpid())
+        np.savez(partial, x_train=x[train], y_train=y[train], x_test=x[held_out],
+                 y_test=y[held_out])
+        os.replace(partial, path)
+    return path
 
 
 def mnist1d_npz(path):

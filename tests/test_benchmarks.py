@@ -13,7 +13,8 @@ import published_tables  # noqa: E402  (benchmarks/ is not a package)
 
 SCRIPTS = ("compare.py", "throughput.py", "step_anatomy.py", "stragglers.py", "bandwidth.py",
            "window_sweep.py", "scaling.py", "sparse_embeddings.py", "pipeline.py", "ps_sweep.py",
-           "mnist1d_mlp.py", "decision_table.py", "compression.py", "big_data.py")
+           "mnist1d_mlp.py", "decision_table.py", "compression.py", "big_data.py",
+           "step_time_model.py")
 
 
 def readmes_with_sections():
@@ -66,3 +67,43 @@ def test_a_page_without_one_well_formed_section_is_refused_and_left_alone(tmp_pa
     with pytest.raises(ValueError, match="x.py"):
         published_tables.write_section(str(page), "x.py", "| new |\n")
     assert page.read_text() == text
+
+
+def published_decision_runs():
+    import decision_table  # noqa: E402  (benchmarks/ is on the path)
+    return decision_table.load_runs(os.path.join(published_tables.RESULTS, "mnist1d",
+                                                 decision_table.RUNS))
+
+
+def test_the_decision_table_its_reading_and_the_model_are_drawn_from_the_published_runs(
+        tmp_path):
+    import decision_table
+    import step_time_model
+    settings, rows, runs = published_decision_runs()
+    readme = published_tables.BENCHMARKS_README
+    table = decision_table.write_table(str(tmp_path / "t.md"), runs, settings)
+    assert published_tables.read_section(readme, "decision_table.py#mnist1d") == table + "\n"
+    reading = decision_table.which_scheme(runs, rows, settings)
+    assert published_tables.read_section(published_tables.ROOT_README,
+                                         "decision_table.py#mnist1d-reading") == reading + "\n"
+    model, _, _ = step_time_model.evaluate(runs, settings, [("20mbit", 2 * 10 ** 7)])
+    assert published_tables.read_section(readme, "step_time_model.py#mnist1d") == model + "\n"
+    # the table has what a reader needs to trust it: tuned rates, both baselines, 3 runs a cell
+    assert {decision_table.ONE_SGD, decision_table.ONE_ADAMW, decision_table.LOCAL_SGD} <= {
+        run["row"] for run in runs}
+    assert settings["repeats"] >= 3 and "97% of the median final test accuracy" in table
+
+
+def test_which_scheme_when_says_nothing_the_cells_do_not_and_names_every_speed_ups_baseline():
+    with open(published_tables.ROOT_README) as f:
+        text = f.read()
+    section = text.split("## Which scheme when")[1].split("\n## ")[0]
+    head, generated, tail = published_tables.split(section, "decision_table.py#mnist1d-reading",
+                                                   "README.md")
+    for match in re.finditer(r"\d+(\.\d+)?x\b", generated):
+        assert generated[match.end():].startswith(" against one process"), (
+            "a speed-up without its baseline: %r" % generated[match.start():match.end() + 30])
+    # the prose around the generated reading quotes no figure of the table: a figure written by
+    # hand is one the next run can contradict
+    hand = head + tail
+    assert not re.search(r"\d+(\.\d+)?x\b|\d+(\.\d+)? s\b|\d+(\.\d+)?%", hand), hand

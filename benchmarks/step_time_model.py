@@ -1,0 +1,167 @@
+"""A step-time model that predicts the decision table's cells from a few quantities measured once.
+
+    python benchmarks/step_time_model.py                 # from the decision table's runs file
+    python benchmarks/step_time_model.py --predict 20mbit,1gbit   # and at rates not measured
+
+Which scheme reaches the target first depends on the cluster: how fast a host computes, how fast
+its links are, how many workers there are. Running every scheme on every cluster is what a
+reader cannot do, so this model predicts a scheme's seconds to the target from quantities each
+measured once, all of them from the runs on unlimited links (benchmarks/decision_table.py's
+decision_table_runs.json) and one process on one host:
+
+    c    one host's compute time per mini-batch: 1 / the one-process SGD run's mini-batches per
+         second (the same host, the same model and batch)
+    W    the workers
+    p    the scheme's own work per mini-batch beyond computing it on W hosts at once (the ps's
+         update, the messages at full speed, waiting): 1 / its mini-batches per second on
+         unlimited links, minus c / W
+    b    the scheme's bytes per mini-batch on its busiest link (cluster.py's interface counters):
+         the busier direction where reads and writes overlap (the asynchronous schemes, and the
+         all-reduce, which sends and receives at once), both directions where a synchronous
+         round's reads and writes take turns (Sync-SGD, EASGD, DiLoCo, Local SGD,
+         Gradient-Compression)
+    N    the mini-batches it needs to reach the target: its seconds to the target on unlimited
+         links times its mini-batches per second there (the median of its runs)
+
+    seconds to the target at link rate R with W workers  =  N * (c / W + p + 8 b / R)
+
+Every mini-batch's bytes cross the busiest link once, at R, and the model does not let that
+overlap with computing. It is fitted on the unlimited links only, so the cells at every other
+rate are predictions it was never shown; the table gives each one's error against the measured
+median, and the summary the share of those cells (of those every run reached the target in)
+predicted within 25%.
+"""
+import argparse
+import os
+import statistics
+import sys
+
+import command_line  # link rates and the one-line error
+import decision_table  # the runs file, the rows, the target and the cells
+import example_runs
+import published_tables
+
+SYNCHRONOUS_PS = {"Sync-SGD", "EASGD", "DiLoCo", decision_table.LOCAL_SGD, "Gradient-Compression"}
+WITHIN = 0.25  # a prediction within 25% of the measured median counts as right
+
+
+def median(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def both_directions(row_label):
+    return row_label in SYNCHRONOUS_PS
+
+
+def wire_bytes(run):
+    """The run's bytes per mini-batch on its busiest link, as the model counts them."""
+    if not run.get("busiest_bytes") or not run.get("mini_batches"):
+        return None
+    link = run["busiest_bytes"]
+    if both_directions(run["row"]) and run.get("busiest_both"):
+        link = run["busiest_both"]
+    return link / run["mini_batches"]
+
+
+def fit(runs, target, workers):
+    """The quantities of the model: c, and per distributed row (p, b, N) from its unlimited
+    runs; N None where no unlimited run reached the target."""
+    one_host = [r for r in runs if r["row"] == decision_table.ONE_SGD and not r["overran"]]
+    c = 1.0 / median(r["mini_batches_per_sec"] for r in one_host)
+    fitted = {}
+    for label in decision_table.labels_of(runs):
+        unlimited = [r for r in runs if r["row"] == label and r["rate"] == "unlimited"
+                     and not r["overran"]]
+        if not unlimited:
+            continue
+        rate = median(r["mini_batches_per_sec"] for r in unlimited)
+        reached = [decision_table.seconds_to(r, target) * r["mini_batches_per_sec"]
+                   for r in unlimited if decision_table.seconds_to(r, target) is not None]
+        fitted[label] = dict(p=1.0 / rate - c / workers, b=median(map(wire_bytes, unlimited)),
+                             N=median(reached) if len(reached) == len(unlimited) else None,
+                             mini_batches_per_sec=rate)
+    return c, fitted
+
+
+def predict(c, quantities, workers, bits):
+    """Seconds to the target at bits per second (None: unlimited) with workers workers."""
+    if quantities["N"] is None or quantities["b"] is None:
+        return None
+    wire = 0.0 if bits is None else 8.0 * quantities["b"] / bits
+    return quantities["N"] * (c / workers + quantities["p"] + wire)
+
+
+def evaluate(runs, settings, extra_rates=()):
+    """(rows of the table, held-out cells, held-out cells within WITHIN)."""
+    target, workers = settings["target"], settings["workers"]
+    c, fitted = fit(runs, target, workers)
+    rates = decision_table.rates_of(runs)
+    measured_rates = {label for label, _ in rates}
+    lines, held_out, right = [], 0, 0
+    for label, q in fitted.items():
+        cells = []
+        for rate, bits in rates + [r for r in extra_rates if r[0] not in measured_rates]:
+            predicted = predict(c, q, workers, bits)
+            seconds, k, n = decision_table.median_seconds(runs, label, rate, target)
+            if rate not in measured_rates:
+                cells.append("%s (not measured)" % ("%.1f" % predicted if predicted else "-"))
+                continue
+            if predicted is None or seconds is None:
+                cells.append("%s / %s" % ("%.1f" % predicted if predicted else "-",
+                                          decision_table.cell(
+                                              [decision_table.seconds_to(r, target)
+                                               for r in decision_table.cell_runs(runs, label,
+                                                                                 rate)])))
+                continue
+            error = predicted / seconds - 1
+            text = "%.1f / %.1f (%+.0f%%)" % (predicted, seconds, 100 * error)
+            if bits is not None and k == n:  # a cell the model was not fitted to
+                held_out += 1
+                right += abs(error) <= WITHIN
+            elif k < n:
+                text += ", %d of %d runs" % (k, n)
+            cells.append(text)
+        lines.append("| %s | %.0f | %.1f | %s | %s |" % (
+            label, 1e3 * q["p"], (q["b"] or 0) / 1e3, "%.0f" % q["N"] if q["N"] else "-",
+            " | ".join(cells)))
+    header = ["| row | p (ms) | b (kB) | N | " + " | ".join(
+        "predicted / measured s, %s" % command_line.format_rate(bits)
+        for _, bits in rates + [r for r in extra_rates if r[0] not in measured_rates]) + " |",
+        "|---|---|---|---|" + "---|" * (len(rates) + len(
+            [r for r in extra_rates if r[0] not in measured_rates]))]
+    summary = ("c = %.1f ms a mini-batch on one host; W = %d. Fitted on the unlimited links "
+               "only; the cells at every other rate are predictions: %d of %d of those where "
+               "every run reached %.3f are within %d%% of the measured median (%s). "
+               "Written by `python benchmarks/step_time_model.py`, from %s."
+               % (1e3 * c, workers, right, held_out, target, round(100 * WITHIN),
+                  "%.0f%%" % (100.0 * right / held_out) if held_out else "none to judge",
+                  decision_table.RUNS))
+    return "\n".join(header + lines + ["", summary]), held_out, right
+
+
+def main(argv=None, prog="step_time_model.py"):
+    p = example_runs.argparse_for(prog, __doc__)
+    p.add_argument("--runs", default=os.path.join(published_tables.RESULTS, "mnist1d",
+                                                  decision_table.RUNS),
+                   help="the decision table's runs file (default: the published one)")
+    p.add_argument("--predict", default="20mbit", metavar="RATES",
+                   help="rates to predict at as well, not measured (default: 20mbit)")
+    args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        extra = command_line.parse_rates(args.predict) if args.predict else []
+        settings, _, runs = decision_table.load_runs(args.runs)
+    except (OSError, ValueError, KeyError) as e:
+        return command_line.error("%s: %s (run benchmarks/decision_table.py first)"
+                                  % (args.runs, e))
+    text, _, _ = evaluate(runs, settings, extra)
+    print(text)
+    if os.path.abspath(args.runs) == os.path.join(published_tables.RESULTS, "mnist1d",
+                                                  decision_table.RUNS) and args.predict == "20mbit":
+        published_tables.publish("step_time_model.py#mnist1d", text,
+                                 [published_tables.BENCHMARKS_README])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
