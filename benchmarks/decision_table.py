@@ -119,6 +119,8 @@ def parser(prog):
     p.add_argument("--tune", action="store_true",
                    help="choose every row's learning rate on the validation split, at unlimited "
                         "links (run it first: the table reads its choice)")
+    p.add_argument("--tuning", default=None, metavar="JSON",
+                   help="the tuned learning rates to run at (default: --tune's file in --out)")
     p.add_argument("--quick", action="store_true",
                    help="DOWNPOUR and Sync-SGD, unlimited links, 1 repeat, 60 steps, untuned: a "
                         "smoke run that publishes nothing")
@@ -421,7 +423,7 @@ def tune(args, rows, who, progress):
 
 def tuned_rates(args, rows):
     """{label: learning rate} from --tune's file; a row it has not tuned fails in one line."""
-    path = os.path.join(args.out, TUNING)
+    path = args.tuning or os.path.join(args.out, TUNING)
     if args.quick:
         return {row.label: default_learning_rate(row) for row in rows}
     try:

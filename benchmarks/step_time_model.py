@@ -43,6 +43,8 @@ import published_tables
 
 SYNCHRONOUS_PS = {"Sync-SGD", "EASGD", "DiLoCo", decision_table.LOCAL_SGD, "Gradient-Compression"}
 WITHIN = 0.25  # a prediction within 25% of the measured median counts as right
+PUBLISHED = os.path.join(published_tables.RESULTS, "mnist1d", decision_table.RUNS)
+OTHER_WORKERS = os.path.join(published_tables.RESULTS, "mnist1d", "workers2", decision_table.RUNS)
 
 
 def median(values):
@@ -140,24 +142,72 @@ def evaluate(runs, settings, extra_rates=()):
     return "\n".join(header + lines + ["", summary]), held_out, right
 
 
+def evaluate_other_workers(runs, settings, other_runs, other_settings):
+    """The model fitted on runs (settings["workers"] workers) predicts the cells of other_runs,
+    measured with another worker count: (the table, its cells judged, those within WITHIN)."""
+    c, fitted = fit(runs, settings["target"], settings["workers"])
+    target, workers = settings["target"], other_settings["workers"]
+    lines = ["| row | links | predicted / measured s, %d workers |" % workers, "|---|---|---|"]
+    judged = right = 0
+    for label in decision_table.labels_of(other_runs):
+        if label not in fitted:
+            continue
+        for rate, bits in decision_table.rates_of(other_runs):
+            seconds, k, n = decision_table.median_seconds(other_runs, label, rate, target)
+            predicted = predict(c, fitted[label], workers, bits)
+            if predicted is None or seconds is None or k < n:
+                text = "%s / %s" % ("%.1f" % predicted if predicted else "-",
+                                    "%.1f, %d of %d runs" % (seconds, k, n) if seconds
+                                    else "not reached")
+            else:
+                error = predicted / seconds - 1
+                judged += 1
+                right += abs(error) <= WITHIN
+                text = "%.1f / %.1f (%+.0f%%)" % (predicted, seconds, 100 * error)
+            lines.append("| %s | %s | %s |" % (label, command_line.format_rate(bits), text))
+    lines += ["", "The same fit (%d workers) predicts %d workers: %d of %d of the cells where "
+              "every run reached %.3f are within %d%% of the measured median. Measured with "
+              "`%s`." % (settings["workers"], workers, right, judged, target,
+                         round(100 * WITHIN), other_settings["command"])]
+    return "\n".join(lines), judged, right
+
+
+def report(runs_path, predict_rates="20mbit", other_workers=""):
+    """The model's tables: the runs file's cells, and other_workers' (a runs file measured with
+    another worker count) if given."""
+    extra = command_line.parse_rates(predict_rates) if predict_rates else []
+    try:
+        settings, _, runs = decision_table.load_runs(runs_path)
+    except (OSError, ValueError, KeyError) as e:
+        raise ValueError("%s: %s" % (runs_path, e))
+    text, _, _ = evaluate(runs, settings, extra)
+    if other_workers:
+        try:
+            other_settings, _, other_runs = decision_table.load_runs(other_workers)
+        except (OSError, ValueError, KeyError) as e:
+            raise ValueError("--other_workers %s: %s" % (other_workers, e))
+        text += "\n\n" + evaluate_other_workers(runs, settings, other_runs, other_settings)[0]
+    return text
+
+
 def main(argv=None, prog="step_time_model.py"):
     p = example_runs.argparse_for(prog, __doc__)
-    p.add_argument("--runs", default=os.path.join(published_tables.RESULTS, "mnist1d",
-                                                  decision_table.RUNS),
+    p.add_argument("--runs", default=PUBLISHED,
                    help="the decision table's runs file (default: the published one)")
     p.add_argument("--predict", default="20mbit", metavar="RATES",
                    help="rates to predict at as well, not measured (default: 20mbit)")
+    p.add_argument("--other_workers", default=OTHER_WORKERS if os.path.exists(OTHER_WORKERS)
+                   else "", metavar="RUNS",
+                   help="a runs file of the same table measured with another worker count, "
+                        "to predict as well (default: the published one with 2 workers, if any)")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        extra = command_line.parse_rates(args.predict) if args.predict else []
-        settings, _, runs = decision_table.load_runs(args.runs)
+        text = report(args.runs, args.predict, args.other_workers)
     except (OSError, ValueError, KeyError) as e:
-        return command_line.error("%s: %s (run benchmarks/decision_table.py first)"
-                                  % (args.runs, e))
-    text, _, _ = evaluate(runs, settings, extra)
+        return command_line.error("%s (run benchmarks/decision_table.py first)" % e)
     print(text)
-    if os.path.abspath(args.runs) == os.path.join(published_tables.RESULTS, "mnist1d",
-                                                  decision_table.RUNS) and args.predict == "20mbit":
+    if (os.path.abspath(args.runs) == PUBLISHED and args.predict == "20mbit"
+            and args.other_workers == (OTHER_WORKERS if os.path.exists(OTHER_WORKERS) else "")):
         published_tables.publish("step_time_model.py#mnist1d", text,
                                  [published_tables.BENCHMARKS_README])
     return 0
