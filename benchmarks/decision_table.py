@@ -119,6 +119,9 @@ def parser(prog):
     p.add_argument("--tune", action="store_true",
                    help="choose every row's learning rate on the validation split, at unlimited "
                         "links (run it first: the table reads its choice)")
+    p.add_argument("--resume", action="store_true",
+                   help="read back the runs whose metrics are already in --out/logs instead of "
+                        "running them again (a campaign cut short goes on)")
     p.add_argument("--tuning", default=None, metavar="JSON",
                    help="the tuned learning rates to run at (default: --tune's file in --out)")
     p.add_argument("--quick", action="store_true",
@@ -350,16 +353,32 @@ def plot(path, runs, target):
 # --- running ----------------------------------------------------------------------------------------
 def run_row(args, row, who, tag, learning_rate, seed, rate_label=None):
     """One run of row at learning_rate: one process on one host, or the example's cluster at
-    rate_label. Returns (metrics or None, wall seconds)."""
+    rate_label. Returns (metrics or None, wall seconds). With --resume, a run whose metrics are
+    already in --out/logs is read back instead (its wall time from its .wall file beside)."""
+    logs = os.path.join(args.out, "logs")
+    os.makedirs(logs, exist_ok=True)
+    metrics_path, wall_path = (os.path.join(logs, tag + ext) for ext in (".json", ".wall"))
+    if args.resume and not args.from_logs and os.path.exists(metrics_path):
+        metrics, wall = example_runs.read_metrics(metrics_path), None
+    else:  # with --from_logs, run_example and run_baseline read the logs back
+        started = time.time()
+        metrics = run_fresh(args, row, who, tag, learning_rate, seed, rate_label)
+        wall = None if args.from_logs else time.time() - started
+        if wall is not None:
+            with open(wall_path, "w") as f:
+                f.write("%.1f\n" % wall)
+    if wall is None:
+        wall = float(open(wall_path).read()) if os.path.exists(wall_path) else 0.0
+    return metrics, wall
+
+
+def run_fresh(args, row, who, tag, learning_rate, seed, rate_label):
     flags = list(scaling.WORKLOAD) + list(row.flags) + ["--learning_rate", "%g" % learning_rate]
-    started = time.time()
     if row.baseline is None:
-        metrics = scaling.run_baseline(args, who, tag=tag, seed=seed, workload=flags)
-    else:
-        metrics = example_runs.run_example(
-            row.example, args.workers, args, tag, train_args=flags, bandwidth=rate_label,
-            cpus=args.cpus, who=who, seed=seed, timeout_is_a_result=True)
-    return metrics, time.time() - started
+        return scaling.run_baseline(args, who, tag=tag, seed=seed, workload=flags)
+    return example_runs.run_example(
+        row.example, args.workers, args, tag, train_args=flags, bandwidth=rate_label,
+        cpus=args.cpus, who=who, seed=seed, timeout_is_a_result=True)
 
 
 def score(metrics):
@@ -370,13 +389,16 @@ def score(metrics):
 
 
 def tune(args, rows, who, progress):
-    """Every row at GRID times its default learning rate, once, on the validation split at
-    unlimited links; returns {label: chosen rate} and writes the tuning table and its JSON."""
+    """Every row once at each rate of GRID times its default learning rate, on the validation
+    split at unlimited links; where the best is the grid's largest or smallest rate, one more
+    rate 3 times beyond it, twice at most (a best at the edge of the rates tried is no optimum).
+    Returns the tuning table; writes it and its JSON ({label: chosen rate, scores}, budget)."""
     test_data, args.data_path = args.data_path, problems.validation_path(args.problem)
-    chosen, lines, budget = {}, [], dict(runs=0, wall_seconds=0.0, cpu_seconds=0.0)
-    plan = [(row, float("%.3g" % (default_learning_rate(row) * f))) for row in rows for f in GRID]
-    for i, (row, lr) in enumerate(plan, 1):
-        progress(i, len(plan), "tuning %s at learning rate %g" % (row.label, lr))
+    scores, budget = {row.label: {} for row in rows}, dict(runs=0, wall_seconds=0.0,
+                                                          cpu_seconds=0.0)
+
+    def measure(row, lr, i, n):
+        progress(i, n, "tuning %s at learning rate %g" % (row.label, lr))
         tag = "decision-tune-%s-lr%g" % (row.label.replace(" ", "-").replace(",", ""), lr)
         metrics, wall = run_row(args, row, who, tag, lr, args.seed,
                                 None if row.baseline is None else "unlimited")
@@ -386,30 +408,46 @@ def tune(args, rows, who, progress):
         used = sum(v for k, v in ((metrics or {}).get("cluster") or {}).items()
                    if k.startswith("cpu_seconds_"))
         budget["cpu_seconds"] += used or wall * args.cpus * hosts
-        chosen.setdefault(row.label, {"scores": {}})["scores"]["%g" % lr] = round(score(metrics), 4)
-    for row in rows:
-        scores = chosen[row.label]["scores"]
-        best = max(scores, key=lambda lr: scores[lr])
-        chosen[row.label]["learning_rate"] = float(best)
-        lines.append("| %s | %s | %s |" % (row.label, " / ".join(
-            ("**%s: %.3f**" if lr == best else "%s: %.3f") % (lr, s) for lr, s in scores.items()),
-            best))
+        scores[row.label][lr] = round(score(metrics), 4)
+
+    plan = [(row, float("%.3g" % (default_learning_rate(row) * f))) for row in rows for f in GRID]
+    for i, (row, lr) in enumerate(plan, 1):
+        measure(row, lr, i, len(plan))
+    for extension in range(2):  # a best at an edge: one more rate beyond it
+        beyond = []
+        for row in rows:
+            tried = sorted(scores[row.label])
+            best = max(tried, key=lambda lr: scores[row.label][lr])
+            if best in (tried[0], tried[-1]):
+                beyond.append((row, float("%.3g" % (best * (3 if best == tried[-1] else 1 / 3.0)))))
+        for i, (row, lr) in enumerate(beyond, 1):
+            measure(row, lr, i, len(beyond))
     args.data_path = test_data
+    chosen, lines = {}, []
+    for row in rows:
+        tried = scores[row.label]
+        best = max(sorted(tried), key=lambda lr: tried[lr])
+        chosen[row.label] = dict(learning_rate=best, scores={"%g" % lr: tried[lr]
+                                                             for lr in sorted(tried)})
+        lines.append("| %s | %s | %g |" % (row.label, " / ".join(
+            ("**%g: %.3f**" if lr == best else "%g: %.3f") % (lr, tried[lr])
+            for lr in sorted(tried)), best))
     path = os.path.join(args.out, TUNING)
     if args.from_logs and os.path.exists(path):  # a redraw: the budget the runs themselves took
         with open(path) as f:
             budget = json.load(f)["budget"]
     text = "\n".join(
         ["| row | learning rate: mean validation accuracy | chosen |", "|---|---|---|"] + lines
-        + ["", "Each row once at %s times its example's default learning rate, on unlimited "
-           "links, %d workers and 1 ps on hosts of %g core(s) (one process on one host for the "
-           "one-process rows), %d mini-batches, on the validation split (the last %d training "
-           "signals of %s; the test set never seen); the score: the mean validation accuracy "
-           "over the run's evaluations. Budget: %d runs, %.0f minutes of wall time, %.0f "
-           "CPU-minutes. Measured with `%s`."
-           % ("1/3, 1 and 3", args.workers, args.cpus, args.steps, problems.VALIDATION,
-              args.problem, budget["runs"], budget["wall_seconds"] / 60,
-              budget["cpu_seconds"] / 60,
+        + ["", "Each row once at 1/3, 1 and 3 times its example's default learning rate, and "
+           "where the best was the largest or the smallest rate tried, at one more rate 3 times "
+           "beyond it (twice at most); on unlimited links, %d workers and 1 ps on hosts of %g "
+           "core(s) (one process on one host for the one-process rows), %d mini-batches, on "
+           "the validation split (the last %d training signals of %s; the test set never "
+           "seen); the score: the mean validation accuracy over the run's evaluations. Budget: "
+           "%d runs, %.0f minutes of wall time, %.0f CPU-minutes (the hosts' own CPU time; "
+           "the quota's for one process). Measured with `%s`."
+           % (args.workers, args.cpus, args.steps, problems.VALIDATION, args.problem,
+              budget["runs"], budget["wall_seconds"] / 60, budget["cpu_seconds"] / 60,
               example_runs.rerun_command("decision_table.py", ["--tune"], sudo=True))])
     with open(path, "w") as f:
         json.dump(dict(rows=chosen, budget=budget), f, indent=1)

@@ -349,15 +349,18 @@ def test_tuning_scores_every_rate_of_the_grid_on_the_validation_split_never_the_
     tuned = json.loads((tmp_path / decision_table.TUNING).read_text())
     assert tuned["rows"]["one process, SGD"]["learning_rate"] == 0.1
     assert sorted(tuned["rows"]["one process, SGD"]["scores"]) == ["0.0333", "0.1", "0.3"]
-    assert tuned["rows"]["one process, AdamW"]["scores"].keys() == {"0.000333", "0.001", "0.003"}
+    # a best at the grid's edge is no optimum: one more rate beyond it, twice at most
+    assert tuned["rows"]["DOWNPOUR"]["scores"].keys() == {"0.0333", "0.1", "0.3", "0.9"}
     assert tuned["rows"]["DOWNPOUR"]["learning_rate"] == 0.3
-    assert tuned["budget"]["runs"] == 9
+    assert tuned["rows"]["one process, AdamW"]["scores"].keys() == {
+        "3.7e-05", "0.000111", "0.000333", "0.001", "0.003"}  # a tie: the smallest, each time
+    assert tuned["budget"]["runs"] == 12
     # and the table then runs every row at its chosen rate, on the test set
     seen.clear()
     assert decision_table.main(["--examples", "DOWNPOUR", "--bandwidth", "unlimited",
                                 "--repeats", "1", "--out", str(tmp_path)]) == 0
     assert seen == [(decision_table.problems.data_path("mnist1d"), "0.1"),
-                    (decision_table.problems.data_path("mnist1d"), "0.000333"),  # a tie: the first
+                    (decision_table.problems.data_path("mnist1d"), "3.7e-05"),
                     (decision_table.problems.data_path("mnist1d"), "0.3")]
 
 
@@ -831,3 +834,27 @@ def test_the_step_time_model_without_the_decision_tables_runs_stops_in_one_line(
     assert step_time_model.main(["--runs", str(tmp_path / "none.json")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "run benchmarks/decision_table.py first" in err
+
+
+def test_a_decision_table_cut_short_goes_on_with_resume_and_runs_only_what_is_missing(
+        monkeypatch, tmp_path):
+    ran = []
+    monkeypatch.setattr(decision_table.cluster, "check_machine", lambda needs_tc: None)
+    monkeypatch.setattr(decision_table.cluster, "check_cpus", lambda hosts, cpus: None)
+
+    def run(tag, args):
+        ran.append(tag)
+        (tmp_path / "logs" / (tag + ".json")).write_text(json.dumps(mnist1d_metrics(10.0)))
+        return mnist1d_metrics(10.0)
+    monkeypatch.setattr(decision_table.scaling, "run_baseline",
+                        lambda args, who, tag, seed, workload: run(tag, args))
+    monkeypatch.setattr(decision_table.example_runs, "run_example",
+                        lambda example, workers, args, tag, **kw: run(tag, args))
+    argv = ["--tune", "--examples", "DOWNPOUR", "--out", str(tmp_path)]
+    assert decision_table.main(argv) == 0
+    first = list(ran)
+    (tmp_path / "logs" / (first[-1] + ".json")).unlink()  # the last run never ended
+    ran.clear()
+    assert decision_table.main(argv + ["--resume"]) == 0
+    assert ran == [first[-1]]
+    assert (tmp_path / "logs" / (first[0] + ".wall")).exists()  # its wall time, for the budget
