@@ -96,7 +96,8 @@ def default_learning_rate(row):
     flags = list(row.flags)
     if "--learning_rate" in flags:
         return float(flags[flags.index("--learning_rate") + 1])
-    module = example_runs.load_example(row.example, "decision_table_" + row.example.replace("-", "_"))
+    name = "decision_table_" + row.example.replace("-", "_")
+    module = example_runs.load_example(row.example, name)
     return module.parse_flags([], module.example_flags).learning_rate
 
 
@@ -350,7 +351,7 @@ def plot(path, runs, target):
     plt.close(fig)
 
 
-# --- running ----------------------------------------------------------------------------------------
+# --- running -------------------------------------------------------------------------------------
 def run_row(args, row, who, tag, learning_rate, seed, rate_label=None):
     """One run of row at learning_rate: one process on one host, or the example's cluster at
     rate_label. Returns (metrics or None, wall seconds). With --resume, a run whose metrics are

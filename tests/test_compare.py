@@ -282,9 +282,12 @@ def test_the_decision_table_gives_each_rate_the_median_and_range_or_what_was_not
     sgd, adamw = decision_table.ONE_SGD, decision_table.ONE_ADAMW
     runs = [decision_run(sgd, None, 40.0), decision_run(sgd, None, 44.0),
             decision_run(adamw, None, 10.0), decision_run(adamw, None, None),
-            decision_run("DOWNPOUR", "unlimited", 10.0), decision_run("DOWNPOUR", "unlimited", 14.0),
-            decision_run("DOWNPOUR", "20mbit", 30.0), decision_run("DOWNPOUR", "20mbit", "overran"),
-            decision_run("Sync-SGD", "unlimited", 20.0), decision_run("Sync-SGD", "unlimited", 22.0),
+            decision_run("DOWNPOUR", "unlimited", 10.0),
+            decision_run("DOWNPOUR", "unlimited", 14.0),
+            decision_run("DOWNPOUR", "20mbit", 30.0),
+            decision_run("DOWNPOUR", "20mbit", "overran"),
+            decision_run("Sync-SGD", "unlimited", 20.0),
+            decision_run("Sync-SGD", "unlimited", 22.0),
             decision_run("Sync-SGD", "20mbit", None), decision_run("Sync-SGD", "20mbit", None)]
     text = decision_table.write_table(str(tmp_path / "d.md"), runs, DECISION_SETTINGS)
     assert text.splitlines()[0] == ("| row | learning rate | s to 0.550, unlimited "

@@ -59,14 +59,15 @@ def one_step(*argv):
 def test_the_adamw_baseline_takes_adams_step_and_decays_the_parameters_apart_from_the_gradient():
     # Adam's first step moves every parameter that has a gradient by the learning rate, in the
     # gradient's direction (m / sqrt(v) = g / |g|); plain SGD moves it by lr * g
-    before, adam = one_step("--optimizer", "adamw", "--learning_rate", "0.01", "--weight_decay", "0")
+    adamw = ("--optimizer", "adamw", "--learning_rate", "0.01", "--weight_decay")
+    before, adam = one_step(*adamw, "0")
     moved = np.abs(adam["w1"] - before["w1"])
     assert np.allclose(moved[moved > 1e-6], 0.01, rtol=1e-3)
     _, sgd = one_step("--learning_rate", "0.01")
     assert not np.allclose(np.abs(sgd["w1"] - before["w1"]), moved)
     # decoupled: the decay shrinks the parameters by lr * decay whatever the gradient (an L2
     # term in the loss would go through Adam's division by sqrt(v) instead)
-    _, decayed = one_step("--optimizer", "adamw", "--learning_rate", "0.01", "--weight_decay", "0.5")
+    _, decayed = one_step(*adamw, "0.5")
     for name in before:
         np.testing.assert_allclose(decayed[name], adam[name] * (1 - 0.01 * 0.5), rtol=1e-5,
                                    atol=1e-7, err_msg=name)
