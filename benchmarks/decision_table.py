@@ -430,9 +430,10 @@ def tune(args, rows, who, progress):
         best = max(sorted(tried), key=lambda lr: tried[lr])
         chosen[row.label] = dict(learning_rate=best, scores={"%g" % lr: tried[lr]
                                                              for lr in sorted(tried)})
-        lines.append("| %s | %s | %g |" % (row.label, " / ".join(
+        edge = {max(tried): ", the largest tried", min(tried): ", the smallest tried"}
+        lines.append("| %s | %s | %g%s |" % (row.label, " / ".join(
             ("**%g: %.3f**" if lr == best else "%g: %.3f") % (lr, tried[lr])
-            for lr in sorted(tried)), best))
+            for lr in sorted(tried)), best, edge.get(best, "")))
     path = os.path.join(args.out, TUNING)
     if args.from_logs and os.path.exists(path):  # a redraw: the budget the runs themselves took
         with open(path) as f:

@@ -358,6 +358,9 @@ def test_tuning_scores_every_rate_of_the_grid_on_the_validation_split_never_the_
     assert tuned["rows"]["one process, AdamW"]["scores"].keys() == {
         "3.7e-05", "0.000111", "0.000333", "0.001", "0.003"}  # a tie: the smallest, each time
     assert tuned["budget"]["runs"] == 12
+    rows = table_rows((tmp_path / "decision_table_tuning.md").read_text())
+    assert rows["DOWNPOUR"][1] == "0.3"
+    assert rows["one process, AdamW"][1] == "3.7e-05, the smallest tried"  # still at an edge
     # and the table then runs every row at its chosen rate, on the test set
     seen.clear()
     assert decision_table.main(["--examples", "DOWNPOUR", "--bandwidth", "unlimited",
