@@ -94,81 +94,82 @@ def predict(c, quantities, workers, bits):
     return quantities["N"] * (c / workers + quantities["p"] + wire)
 
 
+def cell_text(predicted, runs, label, rate, target):
+    """(the cell's text, its error or None where there is nothing to judge)."""
+    seconds, k, n = decision_table.median_seconds(runs, label, rate, target)
+    if predicted is None or seconds is None or k < n:
+        measured = decision_table.cell([decision_table.seconds_to(r, target)
+                                        for r in decision_table.cell_runs(runs, label, rate)])
+        return "%s / %s" % ("%.1f" % predicted if predicted else "-", measured), None
+    error = predicted / seconds - 1
+    return "%.1f / %.1f (%+.0f%%)" % (predicted, seconds, 100 * error), error
+
+
 def evaluate(runs, settings, extra_rates=()):
-    """(rows of the table, held-out cells, held-out cells within WITHIN)."""
-    target, workers = settings["target"], settings["workers"]
-    c, fitted = fit(runs, target, workers)
-    rates = decision_table.rates_of(runs)
-    measured_rates = {label for label, _ in rates}
-    lines, held_out, right = [], 0, 0
-    for label, q in fitted.items():
-        cells = []
-        for rate, bits in rates + [r for r in extra_rates if r[0] not in measured_rates]:
-            predicted = predict(c, q, workers, bits)
-            seconds, k, n = decision_table.median_seconds(runs, label, rate, target)
-            if rate not in measured_rates:
-                cells.append("%s (not measured)" % ("%.1f" % predicted if predicted else "-"))
+    """(the table, the cells it was not fitted to that every run reached, those within WITHIN):
+    a row per row and target that the row reached in every unlimited run (N is known)."""
+    workers, rates = settings["workers"], decision_table.rates_of(runs)
+    measured = {label for label, _ in rates}
+    extra = [r for r in extra_rates if r[0] not in measured]
+    lines = ["| row | target | p (ms) | b (kB) | N | " + " | ".join(
+        "predicted / measured s, %s" % command_line.format_rate(bits) for _, bits in rates)
+        + "".join(" | predicted s, %s" % command_line.format_rate(bits) for _, bits in extra)
+        + " |", "|---|---|---|---|---|" + "---|" * (len(rates) + len(extra))]
+    held_out = right = 0
+    unknown = []
+    for share, target in decision_table.targets(settings):
+        c, fitted = fit(runs, target, workers)
+        for label, q in fitted.items():
+            if q["N"] is None:
+                unknown.append("%s to %.3f" % (label, target))
                 continue
-            if predicted is None or seconds is None:
-                cells.append("%s / %s" % ("%.1f" % predicted if predicted else "-",
-                                          decision_table.cell(
-                                              [decision_table.seconds_to(r, target)
-                                               for r in decision_table.cell_runs(runs, label,
-                                                                                 rate)])))
-                continue
-            error = predicted / seconds - 1
-            text = "%.1f / %.1f (%+.0f%%)" % (predicted, seconds, 100 * error)
-            if bits is not None and k == n:  # a cell the model was not fitted to
-                held_out += 1
-                right += abs(error) <= WITHIN
-            elif k < n:
-                text += ", %d of %d runs" % (k, n)
-            cells.append(text)
-        lines.append("| %s | %.0f | %.1f | %s | %s |" % (
-            label, 1e3 * q["p"], (q["b"] or 0) / 1e3, "%.0f" % q["N"] if q["N"] else "-",
-            " | ".join(cells)))
-    header = ["| row | p (ms) | b (kB) | N | " + " | ".join(
-        "predicted / measured s, %s" % command_line.format_rate(bits)
-        for _, bits in rates + [r for r in extra_rates if r[0] not in measured_rates]) + " |",
-        "|---|---|---|---|" + "---|" * (len(rates) + len(
-            [r for r in extra_rates if r[0] not in measured_rates]))]
+            cells = []
+            for rate, bits in rates:
+                text, error = cell_text(predict(c, q, workers, bits), runs, label, rate, target)
+                if bits is not None and error is not None:  # a cell the model was not fitted to
+                    held_out += 1
+                    right += abs(error) <= WITHIN
+                cells.append(text)
+            cells += ["%.1f" % predict(c, q, workers, bits) for _, bits in extra]
+            lines.append("| %s | %s | %.0f | %.1f | %.0f | %s |" % (
+                label, decision_table.target_name(share, target), 1e3 * q["p"],
+                (q["b"] or 0) / 1e3, q["N"], " | ".join(cells)))
     summary = ("c = %.1f ms a mini-batch on one host; W = %d. Fitted on the unlimited links "
                "only; the cells at every other rate are predictions: %d of %d of those where "
-               "every run reached %.3f are within %d%% of the measured median (%s). "
-               "Written by `python benchmarks/step_time_model.py`, from %s."
-               % (1e3 * c, workers, right, held_out, target, round(100 * WITHIN),
+               "every run reached the target are within %d%% of the measured median (%s). No "
+               "N, so no row, where not every unlimited run reached the target: %s. Written by "
+               "`python benchmarks/step_time_model.py`, from %s."
+               % (1e3 * c, workers, right, held_out, round(100 * WITHIN),
                   "%.0f%%" % (100.0 * right / held_out) if held_out else "none to judge",
-                  decision_table.RUNS))
-    return "\n".join(header + lines + ["", summary]), held_out, right
+                  ", ".join(unknown) or "none", decision_table.RUNS))
+    return "\n".join(lines + ["", summary]), held_out, right
 
 
 def evaluate_other_workers(runs, settings, other_runs, other_settings):
     """The model fitted on runs (settings["workers"] workers) predicts the cells of other_runs,
     measured with another worker count: (the table, its cells judged, those within WITHIN)."""
-    c, fitted = fit(runs, settings["target"], settings["workers"])
-    target, workers = settings["target"], other_settings["workers"]
-    lines = ["| row | links | predicted / measured s, %d workers |" % workers, "|---|---|---|"]
+    workers = other_settings["workers"]
+    lines = ["| row | target | links | predicted / measured s, %d workers |" % workers,
+             "|---|---|---|---|"]
     judged = right = 0
-    for label in decision_table.labels_of(other_runs):
-        if label not in fitted:
-            continue
-        for rate, bits in decision_table.rates_of(other_runs):
-            seconds, k, n = decision_table.median_seconds(other_runs, label, rate, target)
-            predicted = predict(c, fitted[label], workers, bits)
-            if predicted is None or seconds is None or k < n:
-                text = "%s / %s" % ("%.1f" % predicted if predicted else "-",
-                                    "%.1f, %d of %d runs" % (seconds, k, n) if seconds
-                                    else "not reached")
-            else:
-                error = predicted / seconds - 1
-                judged += 1
-                right += abs(error) <= WITHIN
-                text = "%.1f / %.1f (%+.0f%%)" % (predicted, seconds, 100 * error)
-            lines.append("| %s | %s | %s |" % (label, command_line.format_rate(bits), text))
+    for share, target in decision_table.targets(settings):
+        c, fitted = fit(runs, target, settings["workers"])
+        for label in decision_table.labels_of(other_runs):
+            if label not in fitted or fitted[label]["N"] is None:
+                continue
+            for rate, bits in decision_table.rates_of(other_runs):
+                text, error = cell_text(predict(c, fitted[label], workers, bits), other_runs,
+                                        label, rate, target)
+                if error is not None:
+                    judged += 1
+                    right += abs(error) <= WITHIN
+                lines.append("| %s | %s | %s | %s |" % (
+                    label, decision_table.target_name(share, target),
+                    command_line.format_rate(bits), text))
     lines += ["", "The same fit (%d workers) predicts %d workers: %d of %d of the cells where "
-              "every run reached %.3f are within %d%% of the measured median. Measured with "
-              "`%s`." % (settings["workers"], workers, right, judged, target,
-                         round(100 * WITHIN), other_settings["command"])]
+              "every run reached the target are within %d%% of the measured median. Measured "
+              "with `%s`." % (settings["workers"], workers, right, judged, round(100 * WITHIN),
+                              other_settings["command"])]
     return "\n".join(lines), judged, right
 
 
