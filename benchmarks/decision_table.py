@@ -176,7 +176,8 @@ def target_of(runs, share):
     finals = [r["test_accuracy"] for r in runs if r["row"] == ONE_SGD and not r["overran"]]
     if not finals:
         raise ValueError("no run of %r: the target is set from it" % ONE_SGD)
-    return math.floor(share * statistics.median(finals) * 1000 + 1e-9) / 1000
+    # the accuracies are float32 (0.69 is 0.68999...): to the thousandth first, then down
+    return math.floor(round(share * round(statistics.median(finals), 4) * 1000, 6)) / 1000
 
 
 def cell_runs(runs, label, rate):
