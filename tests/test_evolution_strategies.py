@@ -430,7 +430,8 @@ def test_a_restarted_worker_takes_the_chiefs_copy_and_ends_with_the_same_theta(t
     assert summary["global_step"] == "200" and summary["lost_workers"] == "0", summary
     assert summary["short_generations"] == "0", summary
     local_steps = [int(n) for n in summary["local_steps"].split(",")]
-    assert local_steps[0] == 200 and 0 < local_steps[1] < 150, local_steps  # its new process's
+    # its new process's: the generations after the one it was stopped in (at most 200 - 50)
+    assert local_steps[0] == 200 and 0 < local_steps[1] <= 150, local_steps
     sums = checksums(run)
     assert sorted(sums) == ["[worker0]", "[worker1]"] and len(set(sums.values())) == 1, sums
 
