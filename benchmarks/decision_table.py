@@ -333,10 +333,10 @@ def sentences(runs, rows, settings):
                                 if gain else "", local, " (%.1fx against one process with SGD)"
                                 % local_gain if local_gain else ""))
         for rate, bits in rates:
-            ahead = [row.label for row in rows if row.baseline and row.label in labels
-                     and (speed_up(runs, row, rate, target)[3] or 0) > 1]
-            reached = [row.label for row in rows if row.baseline and row.label in labels
-                       and speed_up(runs, row, rate, target)[1] > 0]
+            ups = [(row.label, speed_up(runs, row, rate, target)) for row in rows
+                   if row.baseline and row.label in labels]
+            ahead = [label for label, up in ups if (up[3] or 0) > 1]
+            reached = [label for label, up in ups if up[1] > 0]
             said.append("**To %s, %s links:** %s." % (
                 name, command_line.format_rate(bits),
                 "%s beat%s its one-process baseline" % (", ".join(ahead), "" if len(ahead) > 1
@@ -467,9 +467,6 @@ def tune(args, rows, who, progress):
             ("**%g: %.3f**" if lr == best else "%g: %.3f") % (lr, tried[lr])
             for lr in sorted(tried)), best, edge.get(best, "")))
     path = os.path.join(args.out, TUNING)
-    if args.from_logs and os.path.exists(path):  # a redraw: the budget the runs themselves took
-        with open(path) as f:
-            budget = json.load(f)["budget"]
     text = "\n".join(
         ["| row | learning rate: mean validation accuracy | chosen |", "|---|---|---|"] + lines
         + ["", "Each row once at 1/3, 1 and 3 times its example's default learning rate, and "

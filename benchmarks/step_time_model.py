@@ -78,8 +78,8 @@ def fit(runs, target, workers):
         if not unlimited:
             continue
         rate = median(r["mini_batches_per_sec"] for r in unlimited)
-        reached = [decision_table.seconds_to(r, target) * r["mini_batches_per_sec"]
-                   for r in unlimited if decision_table.seconds_to(r, target) is not None]
+        seconds = [(decision_table.seconds_to(r, target), r) for r in unlimited]
+        reached = [s * r["mini_batches_per_sec"] for s, r in seconds if s is not None]
         fitted[label] = dict(p=1.0 / rate - c / workers, b=median(map(wire_bytes, unlimited)),
                              N=median(reached) if len(reached) == len(unlimited) else None,
                              mini_batches_per_sec=rate)
