@@ -1,35 +1,36 @@
 """A step-time model that predicts the decision table's cells from a few quantities measured once.
 
-    python benchmarks/step_time_model.py                 # from the decision table's runs file
-    python benchmarks/step_time_model.py --predict 20mbit,1gbit   # and at rates not measured
+    python benchmarks/step_time_model.py                 # from the decision table's runs files
+    python benchmarks/step_time_model.py --predict 5mbit,1gbit   # and at rates not measured
 
 Which scheme reaches the target first depends on the cluster: how fast a host computes, how fast
 its links are, how many workers there are. Running every scheme on every cluster is what a
 reader cannot do, so this model predicts a scheme's seconds to the target from quantities each
-measured once, all of them from the runs on unlimited links (benchmarks/decision_table.py's
-decision_table_runs.json) and one process on one host:
+measured once:
 
     c    one host's compute time per mini-batch: 1 / the one-process SGD run's mini-batches per
          second (the same host, the same model and batch)
     W    the workers
     p    the scheme's own work per mini-batch beyond computing it on W hosts at once (the ps's
          update, the messages at full speed, waiting): 1 / its mini-batches per second on
-         unlimited links, minus c / W
-    b    the scheme's bytes per mini-batch on its busiest link (cluster.py's interface counters):
-         the busier direction where reads and writes overlap (the asynchronous schemes, and the
-         all-reduce, which sends and receives at once), both directions where a synchronous
-         round's reads and writes take turns (Sync-SGD, EASGD, DiLoCo, Local SGD,
-         Gradient-Compression)
+         unlimited links with W workers, minus c / W
+    b    the scheme's bytes per mini-batch on its busiest link, both directions (cluster.py's
+         interface counters, on unlimited links with W workers)
+    s    the share of those bytes a mini-batch waits for: the rest crosses the link while the
+         hosts compute, or while the other direction is busy. Measured once per scheme, from its
+         mini-batches per second at one limited rate (100 Mbit/s, 3 workers):
+         s = (1 / rate there - 1 / rate unlimited) * R / (8 b)
     N    the mini-batches it needs to reach the target: its seconds to the target on unlimited
-         links times its mini-batches per second there (the median of its runs)
+         links with W workers times its mini-batches per second there (the median of its runs)
 
-    seconds to the target at link rate R with W workers  =  N * (c / W + p + 8 b / R)
+    seconds to the target at link rate R with W workers  =  N * (c / W + p + 8 s b / R)
 
-Every mini-batch's bytes cross the busiest link once, at R, and the model does not let that
-overlap with computing. It is fitted on the unlimited links only, so the cells at every other
-rate are predictions it was never shown; the table gives each one's error against the measured
-median, and the summary the share of those cells (of those every run reached the target in)
-predicted within 25%.
+The seconds to the target at the rate s is measured at are shown, but they are not counted as
+predictions (that rate was fitted). The model is judged on the cells of the other runs files
+(--held_out): other link rates, and other worker counts with the rate term s carried over from
+3 workers. Each is also predicted by the rule published before those runs were measured, which
+counted every byte of the busier direction (both directions for the synchronous ps schemes) as
+waited for: 8 b' / R in place of 8 s b / R.
 """
 import argparse
 import os
@@ -43,8 +44,10 @@ import published_tables
 
 SYNCHRONOUS_PS = {"Sync-SGD", "EASGD", "DiLoCo", decision_table.LOCAL_SGD, "Gradient-Compression"}
 WITHIN = 0.25  # a prediction within 25% of the measured median counts as right
-PUBLISHED = os.path.join(published_tables.RESULTS, "mnist1d", decision_table.RUNS)
-OTHER_WORKERS = os.path.join(published_tables.RESULTS, "mnist1d", "workers2", decision_table.RUNS)
+FITTED_RATE = "100mbit"  # the one limited rate s is measured at, with the main file's workers
+MNIST1D = os.path.join(published_tables.RESULTS, "mnist1d")
+PUBLISHED = os.path.join(MNIST1D, decision_table.RUNS)
+HELD_OUT = [os.path.join(MNIST1D, folder, decision_table.RUNS) for folder in ("rate20", "workers2")]
 
 
 def median(values):
@@ -52,23 +55,24 @@ def median(values):
     return statistics.median(values) if values else None
 
 
-def both_directions(row_label):
-    return row_label in SYNCHRONOUS_PS
-
-
-def wire_bytes(run):
-    """The run's bytes per mini-batch on its busiest link, as the model counts them."""
-    if not run.get("busiest_bytes") or not run.get("mini_batches"):
+def per_mini_batch(run, key):
+    if not run.get(key) or not run.get("mini_batches"):
         return None
-    link = run["busiest_bytes"]
-    if both_directions(run["row"]) and run.get("busiest_both"):
-        link = run["busiest_both"]
-    return link / run["mini_batches"]
+    return run[key] / run["mini_batches"]
+
+
+def counted_bytes(run):
+    """The earlier rule's bytes per mini-batch: the busier direction of the busiest link, both
+    directions where a synchronous round's reads and writes take turns."""
+    if run["row"] in SYNCHRONOUS_PS and run.get("busiest_both"):
+        return per_mini_batch(run, "busiest_both")
+    return per_mini_batch(run, "busiest_bytes")
 
 
 def fit(runs, target, workers):
-    """The quantities of the model: c, and per distributed row (p, b, N) from its unlimited
-    runs; N None where no unlimited run reached the target."""
+    """The quantities measured on unlimited links: c, and per distributed row p, b (both
+    directions), b' (the earlier rule's bytes) and N (None where not every unlimited run reached
+    the target)."""
     one_host = [r for r in runs if r["row"] == decision_table.ONE_SGD and not r["overran"]]
     c = 1.0 / median(r["mini_batches_per_sec"] for r in one_host)
     fitted = {}
@@ -80,135 +84,202 @@ def fit(runs, target, workers):
         rate = median(r["mini_batches_per_sec"] for r in unlimited)
         seconds = [(decision_table.seconds_to(r, target), r) for r in unlimited]
         reached = [s * r["mini_batches_per_sec"] for s, r in seconds if s is not None]
-        fitted[label] = dict(p=1.0 / rate - c / workers, b=median(map(wire_bytes, unlimited)),
+        fitted[label] = dict(p=1.0 / rate - c / workers,
+                             b=median(per_mini_batch(r, "busiest_both") for r in unlimited),
+                             counted=median(map(counted_bytes, unlimited)),
                              N=median(reached) if len(reached) == len(unlimited) else None,
-                             mini_batches_per_sec=rate)
+                             mini_batches_per_sec=rate, s=None)
     return c, fitted
 
 
-def predict(c, quantities, workers, bits):
-    """Seconds to the target at bits per second (None: unlimited) with workers workers."""
-    if quantities["N"] is None or quantities["b"] is None:
+def fit_waiting(runs, fitted, rate=FITTED_RATE):
+    """Sets each row's s, the share of its bytes a mini-batch waits for, from its median
+    mini-batches per second at rate (a row not run there keeps s None)."""
+    for label, q in fitted.items():
+        limited = [r for r in runs if r["row"] == label and r["rate"] == rate
+                   and not r["overran"]]
+        if not limited or not q["b"]:
+            continue
+        wire = 1.0 / median(r["mini_batches_per_sec"] for r in limited) \
+            - 1.0 / q["mini_batches_per_sec"]
+        q["s"] = wire * limited[0]["bits"] / (8.0 * q["b"])
+    return fitted
+
+
+def predict(c, quantities, workers, bits, rule="waited"):
+    """Seconds to the target at bits per second (None: unlimited) with workers workers, by the
+    waited share (rule "waited") or by every counted byte (rule "counted", the earlier rule)."""
+    if quantities["N"] is None:
         return None
-    wire = 0.0 if bits is None else 8.0 * quantities["b"] / bits
+    if bits is None:
+        wire = 0.0
+    elif rule == "counted":
+        if quantities["counted"] is None:
+            return None
+        wire = 8.0 * quantities["counted"] / bits
+    else:
+        if quantities["s"] is None or quantities["b"] is None:
+            return None
+        wire = 8.0 * quantities["s"] * quantities["b"] / bits
     return quantities["N"] * (c / workers + quantities["p"] + wire)
 
 
-def cell_text(predicted, runs, label, rate, target):
-    """(the cell's text, its error or None where there is nothing to judge)."""
+def judged(predicted, runs, label, rate, target):
+    """(measured median seconds, the cell's text) where every run reached the target and
+    there is a prediction, else (None, the cell's text)."""
     seconds, k, n = decision_table.median_seconds(runs, label, rate, target)
+    if not n:
+        return None, "not run"
     if predicted is None or seconds is None or k < n:
-        measured = decision_table.cell([decision_table.seconds_to(r, target)
-                                        for r in decision_table.cell_runs(runs, label, rate)])
-        return "%s / %s" % ("%.1f" % predicted if predicted else "-", measured), None
-    error = predicted / seconds - 1
-    return "%.1f / %.1f (%+.0f%%)" % (predicted, seconds, 100 * error), error
+        return None, decision_table.cell([decision_table.seconds_to(r, target)
+                                          for r in decision_table.cell_runs(runs, label, rate)])
+    return seconds, "%.1f" % seconds
+
+
+def versus(predicted, seconds):
+    if predicted is None:
+        return "-"
+    if seconds is None:
+        return "%.1f" % predicted
+    return "%.1f (%+.0f%%)" % (predicted, 100 * (predicted / seconds - 1))
+
+
+def within(predicted, seconds):
+    return abs(predicted / seconds - 1) <= WITHIN
 
 
 def evaluate(runs, settings, extra_rates=()):
-    """(the table, the cells it was not fitted to that every run reached, those within WITHIN):
-    a row per row and target that the row reached in every unlimited run (N is known)."""
+    """The fitted quantities, and each row's cells in the runs it was fitted on: (the table,
+    [(target, c, fitted)])."""
     workers, rates = settings["workers"], decision_table.rates_of(runs)
     measured = {label for label, _ in rates}
     extra = [r for r in extra_rates if r[0] not in measured]
-    lines = ["| row | target | p (ms) | b (kB) | N | " + " | ".join(
+    lines = ["| row | target | p (ms) | b (kB) | s | N | " + " | ".join(
         "predicted / measured s, %s" % command_line.format_rate(bits) for _, bits in rates)
         + "".join(" | predicted s, %s" % command_line.format_rate(bits) for _, bits in extra)
-        + " |", "|---|---|---|---|---|" + "---|" * (len(rates) + len(extra))]
-    held_out = right = 0
-    unknown = []
+        + " |", "|---|---|---|---|---|---|" + "---|" * (len(rates) + len(extra))]
+    fits, unknown = [], []
     for share, target in decision_table.targets(settings):
         c, fitted = fit(runs, target, workers)
+        fit_waiting(runs, fitted)
+        fits.append((target, c, fitted))
         for label, q in fitted.items():
             if q["N"] is None:
                 unknown.append("%s to %.3f" % (label, target))
                 continue
             cells = []
             for rate, bits in rates:
-                text, error = cell_text(predict(c, q, workers, bits), runs, label, rate, target)
-                if bits is not None and error is not None:  # a cell the model was not fitted to
-                    held_out += 1
-                    right += abs(error) <= WITHIN
-                cells.append(text)
-            cells += ["%.1f" % predict(c, q, workers, bits) for _, bits in extra]
-            lines.append("| %s | %s | %.0f | %.1f | %.0f | %s |" % (
+                predicted = predict(c, q, workers, bits)
+                seconds, text = judged(predicted, runs, label, rate, target)
+                cells.append("%s / %s" % ("%.1f" % predicted if predicted else "-", text)
+                             + (" (%+.0f%%)" % (100 * (predicted / seconds - 1))
+                                if seconds else ""))
+            cells += [versus(predict(c, q, workers, bits), None) for _, bits in extra]
+            lines.append("| %s | %s | %.0f | %.1f | %s | %.0f | %s |" % (
                 label, decision_table.target_name(share, target), 1e3 * q["p"],
-                (q["b"] or 0) / 1e3, q["N"], " | ".join(cells)))
-    summary = ("c = %.1f ms a mini-batch on one host; W = %d. Fitted on the unlimited links "
-               "only; the cells at every other rate are predictions: %d of %d of those where "
-               "every run reached the target are within %d%% of the measured median (%s). No "
-               "N, so no row, where not every unlimited run reached the target: %s. Written by "
-               "`python benchmarks/step_time_model.py`, from %s."
-               % (1e3 * c, workers, right, held_out, round(100 * WITHIN),
-                  "%.0f%%" % (100.0 * right / held_out) if held_out else "none to judge",
+                (q["b"] or 0) / 1e3, "%.2f" % q["s"] if q["s"] is not None else "-", q["N"],
+                " | ".join(cells)))
+    summary = ("c = %.1f ms a mini-batch on one host; W = %d. p, b and N are measured on the "
+               "unlimited links, s at %s: the seconds to the target there differ from the "
+               "prediction only by the N the runs took. No N, so no row, where not every "
+               "unlimited run reached the target: %s. Written by `python "
+               "benchmarks/step_time_model.py`, from %s."
+               % (1e3 * fits[0][1], workers, command_line.format_rate(
+                   command_line.parse_rates(FITTED_RATE)[0][1]),
                   ", ".join(unknown) or "none", decision_table.RUNS))
-    return "\n".join(lines + ["", summary]), held_out, right
+    return "\n".join(lines + ["", summary]), fits
 
 
-def evaluate_other_workers(runs, settings, other_runs, other_settings):
-    """The model fitted on runs (settings["workers"] workers) predicts the cells of other_runs,
-    measured with another worker count: (the table, its cells judged, those within WITHIN)."""
-    workers = other_settings["workers"]
-    lines = ["| row | target | links | predicted / measured s, %d workers |" % workers,
-             "|---|---|---|---|"]
-    judged = right = 0
-    for share, target in decision_table.targets(settings):
-        c, fitted = fit(runs, target, settings["workers"])
-        for label in decision_table.labels_of(other_runs):
-            if label not in fitted or fitted[label]["N"] is None:
+def evaluate_held_out(fits, main_settings, runs, settings, where):
+    """The cells of a runs file the model was not fitted to (another rate, or another worker
+    count, whose unlimited runs give N, p and b there): (the table's lines, judged, within by
+    the model, within by the earlier rule)."""
+    workers = settings["workers"]
+    own_unlimited = any(r["rate"] == "unlimited" for r in runs)
+    if not own_unlimited and workers != main_settings["workers"]:
+        raise ValueError("%s: %d workers and no unlimited runs to measure N at" % (where, workers))
+    lines, judged_cells, right, right_before = [], 0, 0, 0
+    for (share, target), (_, c, main_fit) in zip(decision_table.targets(main_settings), fits):
+        fitted = main_fit
+        if own_unlimited:
+            c, fitted = fit(runs, target, workers)
+            for label, q in fitted.items():
+                q["s"] = main_fit.get(label, {}).get("s")
+        for label in decision_table.labels_of(runs):
+            q = fitted.get(label)
+            if q is None or q["N"] is None:
                 continue
-            for rate, bits in decision_table.rates_of(other_runs):
-                text, error = cell_text(predict(c, fitted[label], workers, bits), other_runs,
-                                        label, rate, target)
-                if error is not None:
-                    judged += 1
-                    right += abs(error) <= WITHIN
-                lines.append("| %s | %s | %s | %s |" % (
-                    label, decision_table.target_name(share, target),
-                    command_line.format_rate(bits), text))
-    lines += ["", "The same fit (%d workers) predicts %d workers: %d of %d of the cells where "
-              "every run reached the target are within %d%% of the measured median. Measured "
-              "with `%s`." % (settings["workers"], workers, right, judged, round(100 * WITHIN),
-                              other_settings["command"])]
-    return "\n".join(lines), judged, right
+            for rate, bits in decision_table.rates_of(runs):
+                if bits is None:
+                    continue
+                now, before = predict(c, q, workers, bits), predict(c, q, workers, bits,
+                                                                     "counted")
+                seconds, text = judged(now, runs, label, rate, target)
+                if seconds is not None:
+                    judged_cells += 1
+                    right += within(now, seconds)
+                    right_before += within(before, seconds)
+                lines.append("| %s | %s | %d | %s | %s | %s | %s |" % (
+                    label, decision_table.target_name(share, target), workers,
+                    command_line.format_rate(bits), text, versus(now, seconds),
+                    versus(before, seconds)))
+    return lines, judged_cells, right, right_before
 
 
-def report(runs_path, predict_rates="20mbit", other_workers=""):
-    """The model's tables: the runs file's cells, and other_workers' (a runs file measured with
-    another worker count) if given."""
+def report(runs_path, predict_rates="5mbit", held_out=()):
+    """The model's tables: the runs file it is fitted on, and the held-out runs files'."""
     extra = command_line.parse_rates(predict_rates) if predict_rates else []
     try:
         settings, _, runs = decision_table.load_runs(runs_path)
     except (OSError, ValueError, KeyError) as e:
         raise ValueError("%s: %s" % (runs_path, e))
-    text, _, _ = evaluate(runs, settings, extra)
-    if other_workers:
+    text, fits = evaluate(runs, settings, extra)
+    if not held_out:
+        return text
+    lines = ["| row | target | workers | links | measured s | predicted s | predicted s, "
+             "the earlier rule |", "|---|---|---|---|---|---|---|"]
+    judged_cells = right = right_before = 0
+    commands = []
+    for path in held_out:
         try:
-            other_settings, _, other_runs = decision_table.load_runs(other_workers)
+            other_settings, _, other_runs = decision_table.load_runs(path)
         except (OSError, ValueError, KeyError) as e:
-            raise ValueError("--other_workers %s: %s" % (other_workers, e))
-        text += "\n\n" + evaluate_other_workers(runs, settings, other_runs, other_settings)[0]
-    return text
+            raise ValueError("--held_out %s: %s" % (path, e))
+        more, n, k, k_before = evaluate_held_out(fits, settings, other_runs, other_settings, path)
+        lines += more
+        judged_cells, right, right_before = judged_cells + n, right + k, right_before + k_before
+        commands.append("`%s`" % other_settings["command"])
+    share = "%.0f%%" % (100.0 * right / judged_cells) if judged_cells else "none to judge"
+    lines += ["", "Cells the model was not fitted to, where every run reached the target: %d of "
+              "%d within %d%% of the measured median (%s); the earlier rule, %d of %d. Measured "
+              "with %s." % (right, judged_cells, round(100 * WITHIN), share, right_before,
+                            judged_cells, " and ".join(commands))]
+    return text + "\n\n" + "\n".join(lines)
+
+
+def published_held_out():
+    return [path for path in HELD_OUT if os.path.exists(path)]
 
 
 def main(argv=None, prog="step_time_model.py"):
     p = example_runs.argparse_for(prog, __doc__)
     p.add_argument("--runs", default=PUBLISHED,
-                   help="the decision table's runs file (default: the published one)")
-    p.add_argument("--predict", default="20mbit", metavar="RATES",
-                   help="rates to predict at as well, not measured (default: 20mbit)")
-    p.add_argument("--other_workers", default=OTHER_WORKERS if os.path.exists(OTHER_WORKERS)
-                   else "", metavar="RUNS",
-                   help="a runs file of the same table measured with another worker count, "
-                        "to predict as well (default: the published one with 2 workers, if any)")
+                   help="the decision table's runs file it is fitted on (default: the "
+                        "published one)")
+    p.add_argument("--predict", default="5mbit", metavar="RATES",
+                   help="rates to predict at as well, not measured (default: 5mbit)")
+    p.add_argument("--held_out", default=",".join(published_held_out()), metavar="RUNS",
+                   help="comma-separated runs files of the same table at other rates or worker "
+                        "counts, to judge it on (default: the published ones)")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    held_out = [path for path in args.held_out.split(",") if path]
     try:
-        text = report(args.runs, args.predict, args.other_workers)
+        text = report(args.runs, args.predict, held_out)
     except (OSError, ValueError, KeyError) as e:
         return command_line.error("%s (run benchmarks/decision_table.py first)" % e)
     print(text)
-    if (os.path.abspath(args.runs) == PUBLISHED and args.predict == "20mbit"
-            and args.other_workers == (OTHER_WORKERS if os.path.exists(OTHER_WORKERS) else "")):
+    if (os.path.abspath(args.runs) == PUBLISHED and args.predict == "5mbit"
+            and held_out == published_held_out()):
         published_tables.publish("step_time_model.py#mnist1d", text,
                                  [published_tables.BENCHMARKS_README])
     return 0

@@ -815,37 +815,61 @@ def test_the_scaling_smoke_run_measures_one_and_two_workers_on_capped_hosts(tmp_
 import step_time_model  # noqa: E402
 
 
-def test_the_step_time_model_predicts_each_cell_from_the_unlimited_runs_and_one_host():
+def test_the_step_time_model_predicts_each_cell_from_the_unlimited_runs_one_host_and_one_rate():
     sgd = decision_table.ONE_SGD
     # one host: 100 mini-batches/s, so c = 10 ms; DOWNPOUR on unlimited links: 200 a second,
     # so p = 5 ms - 10 ms / 3; it reaches the target at 4 s: N = 800 mini-batches; its
-    # busiest link carries 90 MB in its busier direction over 900 mini-batches: b = 100 kB
+    # busiest link carries 90 MB in its busier direction and 180 MB in both over 900
+    # mini-batches: b = 200 kB (and 100 kB by the earlier rule)
     runs = [decision_run(sgd, None, 9.0, rate_per_sec=100.0),
             decision_run("DOWNPOUR", "unlimited", 4.0, rate_per_sec=200.0, busiest=9e7,
                          both=1.8e8),
+            # 50 a second at 100 Mbit/s: it waits 20 ms - 5 ms = 15 ms a mini-batch on the
+            # wire, where all of b would take 16 ms: s = 15 / 16
             decision_run("DOWNPOUR", "100mbit", 11.0, rate_per_sec=50.0, busiest=9e7),
-            decision_run("DOWNPOUR", "20mbit", 20.0, rate_per_sec=20.0, busiest=9e7),
-            # Sync-SGD's reads and writes take turns: both directions count, 200 kB
+            # Sync-SGD's reads and writes take turns: the earlier rule counted both directions
             decision_run("Sync-SGD", "unlimited", 4.0, rate_per_sec=200.0, busiest=9e7,
-                         both=1.8e8),
-            decision_run("Sync-SGD", "100mbit", 20.0, rate_per_sec=50.0, busiest=9e7)]
+                         both=1.8e8)]
     c, fitted = step_time_model.fit(runs, 0.55, 3)
+    step_time_model.fit_waiting(runs, fitted)
     assert c == pytest.approx(0.01)
-    assert fitted["DOWNPOUR"]["p"] == pytest.approx(0.005 - 0.01 / 3)
-    assert fitted["DOWNPOUR"]["N"] == pytest.approx(800)
-    assert fitted["DOWNPOUR"]["b"] == pytest.approx(1e5)
-    assert fitted["Sync-SGD"]["b"] == pytest.approx(2e5)
-    # unlimited: its own seconds back; 100 Mbit/s: 800 * (5 ms + 8 ms) = 10.4 s
-    assert step_time_model.predict(c, fitted["DOWNPOUR"], 3, None) == pytest.approx(4.0)
-    assert step_time_model.predict(c, fitted["DOWNPOUR"], 3, 10 ** 8) == pytest.approx(10.4)
-    assert step_time_model.predict(c, fitted["Sync-SGD"], 3, 10 ** 8) == pytest.approx(16.8)
-    text, held_out, right = step_time_model.evaluate(
-        runs, dict(DECISION_SETTINGS, workers=3, targets=[(None, 0.55)]), [("1gbit", 10 ** 9)])
-    # judged only where it was not fitted: 10.4 against 11.0 and 16.8 against 20.0 are within
-    # 25%, 10.4 + ... at 20 Mbit/s (4 + 800 * 40 ms = 36 s) against 20 s is not
-    assert (held_out, right) == (3, 2)
-    assert "| DOWNPOUR | 0.550 | 2 | 100.0 | 800 | 4.0 / 4.0 (+0%) | 10.4 / 11.0 (-5%) |" in text
-    assert "2 of 3 of those where every run reached the target are within 25%" in text
+    downpour = fitted["DOWNPOUR"]
+    assert downpour["p"] == pytest.approx(0.005 - 0.01 / 3)
+    assert downpour["N"] == pytest.approx(800)
+    assert (downpour["b"], downpour["counted"]) == (pytest.approx(2e5), pytest.approx(1e5))
+    assert fitted["Sync-SGD"]["counted"] == pytest.approx(2e5)
+    assert downpour["s"] == pytest.approx(15 / 16)
+    assert fitted["Sync-SGD"]["s"] is None  # not run at 100 Mbit/s: nothing to measure s from
+    # unlimited: its own seconds back; 20 Mbit/s: 800 * (5 ms + 5 * 15 ms) = 64 s, where the
+    # earlier rule said 800 * (5 ms + 40 ms) = 36 s
+    assert step_time_model.predict(c, downpour, 3, None) == pytest.approx(4.0)
+    assert step_time_model.predict(c, downpour, 3, 10 ** 8) == pytest.approx(16.0)
+    assert step_time_model.predict(c, downpour, 3, 2 * 10 ** 7) == pytest.approx(64.0)
+    assert step_time_model.predict(c, downpour, 3, 2 * 10 ** 7, "counted") == pytest.approx(36.0)
+    assert step_time_model.predict(c, fitted["Sync-SGD"], 3, 2 * 10 ** 7) is None
+    settings = dict(DECISION_SETTINGS, workers=3, targets=[(None, 0.55)])
+    text, fits = step_time_model.evaluate(runs, settings, [("1gbit", 10 ** 9)])
+    assert "| DOWNPOUR | 0.550 | 2 | 200.0 | 0.94 | 800 | 4.0 / 4.0 (+0%) | 16.0 / 11.0 (+45%) " \
+           "| 5.2 |" in text
+    assert "| Sync-SGD | 0.550 | 2 | 200.0 | - | 800 | 4.0 / 4.0 (+0%) | - / not run | - |" in text
+    # held out: a 20 Mbit/s column (the 3-worker fit), and 2 workers, whose own unlimited runs
+    # give N = 600 and p = 1/150 - 5 ms, with s carried over: 600 * (5 + 1.67 + 15) ms = 13 s
+    rate20 = [decision_run(sgd, None, 9.0), decision_run("DOWNPOUR", "20mbit", 60.0)]
+    lines, judged, right, right_before = step_time_model.evaluate_held_out(
+        fits, settings, rate20, dict(settings, workers=3), "rate20")
+    assert (judged, right, right_before) == (1, 1, 0)
+    assert lines == ["| DOWNPOUR | 0.550 | 3 | 20 Mbit/s | 60.0 | 64.0 (+7%) | 36.0 (-40%) |"]
+    workers2 = [decision_run(sgd, None, 9.0, rate_per_sec=100.0),
+                decision_run("DOWNPOUR", "unlimited", 4.0, rate_per_sec=150.0, busiest=9e7,
+                             both=1.8e8),
+                decision_run("DOWNPOUR", "100mbit", 12.0)]
+    lines, judged, right, _ = step_time_model.evaluate_held_out(
+        fits, settings, workers2, dict(settings, workers=2), "workers2")
+    assert (judged, right) == (1, 1)
+    assert lines[0].startswith("| DOWNPOUR | 0.550 | 2 | 100 Mbit/s | 12.0 | 13.0 (+8%) |")
+    with pytest.raises(ValueError, match="2 workers and no unlimited runs"):
+        step_time_model.evaluate_held_out(fits, settings, workers2[2:], dict(settings, workers=2),
+                                          "workers2")
 
 
 def test_the_step_time_model_without_the_decision_tables_runs_stops_in_one_line(capsys, tmp_path):
