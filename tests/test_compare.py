@@ -854,11 +854,14 @@ def test_the_step_time_model_predicts_each_cell_from_the_unlimited_runs_one_host
     assert "| Sync-SGD | 0.550 | 2 | 200.0 | - | 800 | 4.0 / 4.0 (+0%) | - / not run | - |" in text
     # held out: a 20 Mbit/s column (the 3-worker fit), and 2 workers, whose own unlimited runs
     # give N = 600 and p = 1/150 - 5 ms, with s carried over: 600 * (5 + 1.67 + 15) ms = 13 s
-    rate20 = [decision_run(sgd, None, 9.0), decision_run("DOWNPOUR", "20mbit", 60.0)]
+    rate20 = [decision_run(sgd, None, 9.0),
+              decision_run("DOWNPOUR", "20mbit", 60.0, rate_per_sec=12.5)]
     lines, judged, right, right_before = step_time_model.evaluate_held_out(
         fits, settings, rate20, dict(settings, workers=3), "rate20")
     assert (judged, right, right_before) == (1, 1, 0)
-    assert lines == ["| DOWNPOUR | 0.550 | 3 | 20 Mbit/s | 60.0 | 64.0 (+7%) | 36.0 (-40%) |"]
+    # its runs took 60 s at 12.5 a second: 750 mini-batches, where N was 800
+    assert lines == ["| DOWNPOUR | 0.550 | 3 | 20 Mbit/s | 60.0 | 64.0 (+7%) | 36.0 (-40%) "
+                     "| 750 (+7%) |"]
     workers2 = [decision_run(sgd, None, 9.0, rate_per_sec=100.0),
                 decision_run("DOWNPOUR", "unlimited", 4.0, rate_per_sec=150.0, busiest=9e7,
                              both=1.8e8),
