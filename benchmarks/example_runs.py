@@ -117,19 +117,19 @@ def add_run_flags(p, steps=3000, eval_every=50, problem=False):
     if problem:
         p.add_argument("--problem", choices=problems.PROBLEMS, default="digits",
                        help="what every example trains on: the digits, or MNIST-1D through "
-                            "--data_path (made once, cached in benchmarks/data) (default: digits)")
+                            "--data_path (made once, cached in benchmarks/data) (default: %(default)s)")
     p.add_argument("--out", default=None,
                    help="output folder (default: benchmarks/results; with --problem mnist1d, "
                         "benchmarks/results/mnist1d)")
     p.add_argument("--steps", type=int, default=steps,
                    help="mini-batches per run, summed over the workers (default: %d)" % steps)
-    p.add_argument("--batch_size", type=int, default=64, help="(default: 64)")
+    p.add_argument("--batch_size", type=int, default=64, help="(default: %(default)s)")
     p.add_argument("--eval_every", type=int, default=eval_every,
                    help="the chief's test-accuracy interval in its local steps (default: %d)"
                         % eval_every)
     p.add_argument("--seed", type=int, default=0, help="(default: 0)")
     p.add_argument("--timeout", type=float, default=600,
-                   help="seconds a run may take (default: 600)")
+                   help="seconds a run may take (default: %(default)g)")
     p.add_argument("--from_logs", action="store_true",
                    help="rebuild the tables and plots from the metrics an earlier run left in "
                         "--out/logs, without training (give the same options)")

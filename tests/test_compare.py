@@ -903,3 +903,13 @@ def test_a_decision_table_cut_short_goes_on_with_resume_and_runs_only_what_is_mi
     assert decision_table.main(argv + ["--resume"]) == 0
     assert ran == [first[-1]]
     assert (tmp_path / "logs" / (first[0] + ".wall")).exists()  # its wall time, for the budget
+
+
+def test_a_benchmarks_help_gives_the_defaults_it_runs_with(capsys):
+    # the decision table runs MNIST-1D at batch 512 with 900 s a run, not the shared defaults
+    with pytest.raises(SystemExit):
+        decision_table.main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "(default: mnist1d)" in text and "(default: digits)" not in text
+    assert "seconds a run may take (default: 900)" in text
+    assert "--batch_size BATCH_SIZE (default: 512)" in text
