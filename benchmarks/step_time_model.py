@@ -69,6 +69,14 @@ def counted_bytes(run):
     return per_mini_batch(run, "busiest_bytes")
 
 
+def mini_batches_to(run, target):
+    """The mini-batches the run took to reach target (None: it never did)."""
+    seconds = decision_table.seconds_to(run, target)
+    if seconds is None or not run.get("mini_batches_per_sec"):
+        return None
+    return seconds * run["mini_batches_per_sec"]
+
+
 def fit(runs, target, workers):
     """The quantities measured on unlimited links: c, and per distributed row p, b (both
     directions), b' (the earlier rule's bytes) and N (None where not every unlimited run reached
@@ -82,8 +90,7 @@ def fit(runs, target, workers):
         if not unlimited:
             continue
         rate = median(r["mini_batches_per_sec"] for r in unlimited)
-        seconds = [(decision_table.seconds_to(r, target), r) for r in unlimited]
-        reached = [s * r["mini_batches_per_sec"] for s, r in seconds if s is not None]
+        reached = [n for n in (mini_batches_to(r, target) for r in unlimited) if n is not None]
         fitted[label] = dict(p=1.0 / rate - c / workers,
                              b=median(per_mini_batch(r, "busiest_both") for r in unlimited),
                              counted=median(map(counted_bytes, unlimited)),
@@ -147,12 +154,10 @@ def versus(predicted, seconds):
 def mini_batches_taken(runs, label, rate, target, quantities):
     """The median mini-batches the cell's runs took to the target, against the N predicted with
     (the part of an error no rate term can mend: N varies from run to run)."""
-    taken = [decision_table.seconds_to(r, target) * r["mini_batches_per_sec"]
-             for r in decision_table.cell_runs(runs, label, rate)
-             if decision_table.seconds_to(r, target) is not None and r.get("mini_batches_per_sec")]
-    if not taken:
+    taken = median(mini_batches_to(r, target) for r in decision_table.cell_runs(runs, label, rate))
+    if taken is None:
         return "-"
-    return "%.0f (%+.0f%%)" % (median(taken), 100 * (quantities["N"] / median(taken) - 1))
+    return "%.0f (%+.0f%%)" % (taken, 100 * (quantities["N"] / taken - 1))
 
 
 def within(predicted, seconds):
