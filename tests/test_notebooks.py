@@ -4,7 +4,7 @@ then a second time in the same kernel (a learner's Run All again).
 Every notebook is copied to a temporary folder and executed there, so the committed notebooks
 (and their outputs) are never touched. The three 4-Multiple-Workers notebooks run together, as
 the three processes of one cluster on free ports, twice, and their printed output must show the
-cross-worker effect. Afterwards no kernel and no TensorFlow server may be left running.
+two workers training one model at the same time. Afterwards no kernel and no TensorFlow server may be left running.
 """
 
 import asyncio
@@ -29,12 +29,14 @@ TUTORIAL = Path(__file__).resolve().parent.parent / "Basics-Tutorial"
 SINGLE_NOTEBOOKS = [
     "1-Servers.ipynb",
     "2-Parameter-Server.ipynb",
-    "3-Local-then-Global-Variables.ipynb",
-    "5-Starting-a-Run.ipynb",
-    "6-Synchronous-SGD.ipynb",
-    "7-Devices-and-In-Graph-Replication.ipynb",
+    "3-Asynchronous-Updates.ipynb",
+    "4-Local-then-Global-Variables.ipynb",
+    "6-Starting-a-Run.ipynb",
+    "7-Synchronous-SGD.ipynb",
+    "8-Devices-and-In-Graph-Replication.ipynb",
 ]
-MULTIPLE_WORKERS_DIR = "4-Multiple-Workers/"
+MULTIPLE_WORKERS_DIR = "5-Multiple-Workers/"
+SHARED_SETUP = "tutorial_cluster.py"  # the helpers the notebooks import, beside them
 MULTIPLE_WORKERS = ["PS-Task.ipynb", "Worker-0.ipynb", "Worker-1.ipynb"]
 ALL_NOTEBOOKS = SINGLE_NOTEBOOKS + [MULTIPLE_WORKERS_DIR + name for name in MULTIPLE_WORKERS]
 
@@ -54,12 +56,20 @@ PROVEN_BY_OUTPUT = {
         r"bytes per ps task: \[38420, 38420\]",  # fixed_size_partitioner balances the ps tasks
         r"SaveV2 ran on /job:worker/task:0",  # a Saver made outside the setter saves on the chief
     ],
-    "3-Local-then-Global-Variables.ipynb": [
+    "3-Asynchronous-Updates.ipynb": [
+        # two reads at one step, two applies: the second update is one step stale
+        r"global step +\d+: worker 1's update, read at step (\d+): staleness 0\n"
+        r"global step +\d+: worker 0's update, read at step \1: staleness 1",
+        r"updates per worker: \[40, 40\] ; global step now: 82",  # every update counted once
+        r"after two read-modify-writes of \+ 1: counter = 1: one update lost",
+        r"after two assign_add\(1\) on the ps: +counter = 2",
+    ],
+    "4-Local-then-Global-Variables.ipynb": [
         # report_uninitialized_variables() checks local variables too, unless given a list
         r"worker 1 asks about global_variables\(\): \[\]",
         r"worker 1 asks the default question: +\[b'local/weights'",
     ],
-    "5-Starting-a-Run.ipynb": [
+    "6-Starting-a-Run.ipynb": [
         r"task \{\"type\": \"chief\", \"index\": 0\} +-> /job:worker/task:0",
         r"task \{\"type\": \"worker\", \"index\": 0\} +-> /job:worker/task:1",
         r"worker 1, asking the default question: \[b'local_steps'\]",
@@ -68,7 +78,7 @@ PROVEN_BY_OUTPUT = {
         r"chief: restored the checkpoint of global step 10",
         r"chief: the ps kept the variables: nothing to do",
     ],
-    "6-Synchronous-SGD.ipynb": [
+    "7-Synchronous-SGD.ipynb": [
         # the accumulators' counts and the token queue's size, between the steps
         r"worker 0 has sent: +global_step=0  accumulators=\[1, 1\]  token_queue=0",
         r"worker 0 is still waiting: True",
@@ -154,9 +164,11 @@ def cluster_on_free_ports(wait_seconds):
 
 
 def copy_to(tmp_dir, relative_path):
+    """A copy of the notebook at relative_path, with the module of shared set-up it imports."""
     target = tmp_dir / relative_path
     target.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(TUTORIAL / relative_path, target)
+    shutil.copyfile(TUTORIAL / SHARED_SETUP, tmp_dir / SHARED_SETUP)
     return target
 
 
@@ -259,31 +271,64 @@ def multiple_workers(request, multiple_workers_twice):
     return multiple_workers_twice[request.param.startswith("second")]
 
 
-def test_worker_1_sees_the_global_value_worker_0_wrote(multiple_workers):
-    assert "worker 0 wrote shared_weight = 42.0" in multiple_workers["worker 0"]
-    assert "worker 1 reads shared_weight = 42.0" in multiple_workers["worker 1"]
+PUSHES = 15  # each worker's pushes per algorithm (the worker notebooks' PUSHES)
 
 
-def test_worker_0_sees_the_change_worker_1_made(multiple_workers):
-    assert "worker 1 made shared_weight = 142.0" in multiple_workers["worker 1"]
-    assert "worker 0 reads shared_weight = 142.0" in multiple_workers["worker 0"]
+def pushes(multiple_workers, worker, algorithm):
+    """(global step the push made, staleness, global test accuracy) of each push printed."""
+    return [(int(step), int(staleness), float(accuracy)) for step, staleness, accuracy in re.findall(
+        r"worker %d %s +push at global step +(\d+), staleness (\d+): global test accuracy ([\d.]+)"
+        % (worker, algorithm), multiple_workers["worker %d" % worker])]
 
 
-def test_a_variable_on_a_worker_is_not_seen_by_the_other_worker(multiple_workers):
-    worker_0 = re.findall(r"worker 0 own_counter = (\d+)", multiple_workers["worker 0"])
-    worker_1 = re.findall(r"worker 1 own_counter = (\d+)", multiple_workers["worker 1"])
-    assert worker_0 == ["5", "5"]  # before and after worker 1 counted on its own
-    assert worker_1 == ["0", "1"]  # worker 0's 5 never shows up here
+@pytest.mark.parametrize("algorithm", ["ADAG", "DOWNPOUR"])
+def test_both_workers_push_and_the_ps_counts_every_push_once(multiple_workers, algorithm):
+    steps = [step for worker in (0, 1) for step, _, _ in pushes(multiple_workers, worker, algorithm)]
+    assert sorted(steps) == list(range(1, 2 * PUSHES + 1))
+
+
+def test_the_workers_push_at_the_same_time_without_waiting_for_each_other(multiple_workers):
+    # their pushes interleave: each worker pushed before the other's last push
+    interleaved = []
+    for algorithm in ("ADAG", "DOWNPOUR"):
+        steps = [[step for step, _, _ in pushes(multiple_workers, w, algorithm)] for w in (0, 1)]
+        interleaved.append(min(steps[0]) < max(steps[1]) and min(steps[1]) < max(steps[0]))
+    assert any(interleaved)
+    # a push's staleness counts the other worker's pushes since the pull: never more than those
+    for algorithm in ("ADAG", "DOWNPOUR"):
+        for worker in (0, 1):
+            for step, staleness, _ in pushes(multiple_workers, worker, algorithm):
+                assert 0 <= staleness < step
+
+
+@pytest.mark.parametrize("algorithm", ["ADAG", "DOWNPOUR"])
+def test_the_global_test_accuracy_rises_as_both_workers_push(multiple_workers, algorithm):
+    chief = multiple_workers["worker 0"]
+    columns = {"ADAG": 1, "DOWNPOUR": 2}
+    before = re.search(r"global test accuracy before training: ADAG ([\d.]+), DOWNPOUR ([\d.]+)",
+                       chief)
+    after = re.search(r"global test accuracy after training: ADAG ([\d.]+), DOWNPOUR ([\d.]+)",
+                      chief)
+    assert float(before.group(columns[algorithm])) < 0.3  # a model of zeros: one class
+    assert float(after.group(columns[algorithm])) > 0.75
+    for worker in (0, 1):
+        assert len(pushes(multiple_workers, worker, algorithm)) == PUSHES
+
+
+def test_local_copies_are_made_on_the_worker_and_the_global_copy_on_the_ps(multiple_workers):
+    for worker in (0, 1):
+        printed_by = multiple_workers["worker %d" % worker]
+        assert re.search(r"adag/weights +on /job:ps/task:0", printed_by)
+        assert re.search(r"adag/local/weights +on /job:worker/task:%d" % worker, printed_by)
+        assert "the Adagrad slots on ['/job:ps/task:0']" in printed_by
 
 
 def test_the_chief_ends_the_run_only_after_every_worker_has_finished(multiple_workers):
     chief = multiple_workers["worker 0"]
-    assert "worker 0 set up the run: finished = [-1, -1]" in chief
-    assert "worker 1 finished: its entry of finished = 1" in multiple_workers["worker 1"]
+    assert "worker 1 finished: its entry of finished = %d" % (2 * PUSHES) in multiple_workers["worker 1"]
     lines = [line for line in chief.splitlines() if "finished" in line or "run_over" in line]
-    assert lines[-3:] == [
-        "worker 0 finished: its entry of finished = 5",
-        "worker 0 sees every worker finished: finished = [5, 1]",
+    assert lines[-2:] == [
+        "worker 0 sees every worker finished: finished = [%d, %d]" % (2 * PUSHES, 2 * PUSHES),
         "worker 0 raised run_over: the ps may end",
     ]
 
@@ -291,13 +336,12 @@ def test_the_chief_ends_the_run_only_after_every_worker_has_finished(multiple_wo
 def test_ps_ends_on_the_chiefs_flag_after_both_workers_finished(multiple_workers):
     ps = multiple_workers["ps"].rstrip().splitlines()
     # The ps waits for the chief's set-up, then for the flag; when it sees the flag, every
-    # worker's entry is already written (no -1 left), and the workers' value is there to read.
-    assert ps[-6:] == [
+    # worker's entry is already written (no -1 left).
+    assert ps[-5:] == [
         "ps waiting for the chief to initialise run_over",
         "ps sees run_over initialised; waiting for the chief to raise it",
         "ps sees run_over = True",
-        "finished = [5, 1]",
-        "shared_weight = 142.0",
+        "finished = [%d, %d]" % (2 * PUSHES, 2 * PUSHES),
         "ps finished",
     ]
 
