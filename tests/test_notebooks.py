@@ -48,6 +48,10 @@ LONGEST_CODE_CELL = 30  # lines: a cell a learner reads at one glance
 # What a notebook's own output must show, on every run: the behaviour its text teaches.
 PROVEN_BY_OUTPUT = {
     "1-Servers.ipynb": [
+        r"one class: True",  # tf.distribute.Server is tf.compat.v1.train.Server
+        # TF_CONFIG's chief becomes worker 0, its workers come after it
+        r"task \{\"type\": \"chief\", \"index\": 0\} +-> /job:worker/task:0",
+        r"task \{\"type\": \"worker\", \"index\": 0\} +-> /job:worker/task:1",
         # without device_filters, a session waits for a worker that has not started, and
         # neither of TensorFlow's time limits ends that wait
         r"after 3 s the session still waits: True",
@@ -68,15 +72,25 @@ PROVEN_BY_OUTPUT = {
         # report_uninitialized_variables() checks local variables too, unless given a list
         r"worker 1 asks about global_variables\(\): \[\]",
         r"worker 1 asks the default question: +\[b'local/weights'",
+        # replica_device_setter sends a LOCAL_VARIABLES variable to the ps too
+        r"trapped/weights +local: True +on /job:ps/task:0",
+        r"local/weights +local: True +on /job:worker/task:0",
     ],
     "6-Starting-a-Run.ipynb": [
-        r"task \{\"type\": \"chief\", \"index\": 0\} +-> /job:worker/task:0",
-        r"task \{\"type\": \"worker\", \"index\": 0\} +-> /job:worker/task:1",
-        r"worker 1, asking the default question: \[b'local_steps'\]",
-        r"chief: initialised the variables",
-        r"global step 10; local steps of the workers: \[5, 5\]",
-        r"chief: restored the checkpoint of global step 10",
-        r"chief: the ps kept the variables: nothing to do",
+        r"chief: trained to global step 20",  # MonitoredTrainingSession with StopAtStepHook
+        r"worker 1: trained to global step 40",
+        # TensorFlow's chief restores its checkpoint over a ps that kept the live model
+        r"the restarted chief \(MonitoredTrainingSession\): global step on the ps 40, "
+        r"its session starts at 20: rolled back",
+        # the examples' init_fn restores or initialises only what the ps lacks
+        r"the restarted chief \(init_fn\): global step on the ps 25, its session starts at 25: "
+        r"the ps kept the model: nothing to do",
+        r"the chief, on a new ps: global step on the ps none, its session starts at 30: "
+        r"restored model.ckpt-30",
+        # WorkerSessionCreator's SessionManager looks every 30 s; the examples' every second
+        r"default recovery_wait_secs: 30",
+        r"a worker's wait with default: +DeadlineExceededError after [01] s",
+        r"a worker's wait with recovery_wait_secs=1: the model is ready after [1-9] s",
     ],
     "7-Synchronous-SGD.ipynb": [
         # the accumulators' counts and the token queue's size, between the steps
