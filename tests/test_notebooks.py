@@ -2,7 +2,7 @@
 then a second time in the same kernel (a learner's Run All again).
 
 Every notebook is copied to a temporary folder and executed there, so the committed notebooks
-(and their outputs) are never touched. The three 4-Multiple-Workers notebooks run together, as
+(and their outputs) are never touched. The three 5-Multiple-Workers notebooks run together, as
 the three processes of one cluster on free ports, twice, and their printed output must show the
 two workers training one model at the same time. Afterwards no kernel and no TensorFlow server may be left running.
 """
@@ -41,7 +41,7 @@ MULTIPLE_WORKERS = ["PS-Task.ipynb", "Worker-0.ipynb", "Worker-1.ipynb"]
 ALL_NOTEBOOKS = SINGLE_NOTEBOOKS + [MULTIPLE_WORKERS_DIR + name for name in MULTIPLE_WORKERS]
 
 CELL_TIMEOUT = 120  # seconds one cell may take
-PEER_WAIT_SECONDS = 60  # how long a 4-Multiple-Workers notebook waits for the others
+PEER_WAIT_SECONDS = 60  # how long a 5-Multiple-Workers notebook waits for the others
 CLEANUP_SECONDS = 15  # how long a kernel may take to disappear after its notebook ended
 LONGEST_CODE_CELL = 30  # lines: a cell a learner reads at one glance
 
@@ -262,7 +262,7 @@ def test_notebook_runs_top_to_bottom_on_a_fresh_kernel_and_again_in_the_same_ker
     assert_nothing_left_running(ports_named_in(printed(first) + printed(second)))
 
 
-# --- 4-Multiple-Workers: three notebooks, one cluster ---
+# --- 5-Multiple-Workers: three notebooks, one cluster ---
 
 
 @pytest.fixture(scope="module")
