@@ -41,7 +41,7 @@ MULTIPLE_WORKERS = ["PS-Task.ipynb", "Worker-0.ipynb", "Worker-1.ipynb"]
 ALL_NOTEBOOKS = SINGLE_NOTEBOOKS + [MULTIPLE_WORKERS_DIR + name for name in MULTIPLE_WORKERS]
 
 CELL_TIMEOUT = 120  # seconds one cell may take
-PEER_WAIT_SECONDS = 60  # how long a 5-Multiple-Workers notebook waits for the others
+PEER_WAIT_SECONDS = 120  # how long a 5-Multiple-Workers notebook waits for the others
 CLEANUP_SECONDS = 15  # how long a kernel may take to disappear after its notebook ended
 LONGEST_CODE_CELL = 30  # lines: a cell a learner reads at one glance
 
