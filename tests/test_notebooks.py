@@ -403,6 +403,29 @@ def test_no_code_cell_is_longer_than_a_learner_reads_at_one_glance(name):
     assert not too_long, "code cells (index, lines) over %d lines" % LONGEST_CODE_CELL
 
 
+def code_of(name):
+    nb = nbformat.read(TUTORIAL / name, as_version=4)
+    return "\n".join(cell.source for cell in nb.cells if cell.cell_type == "code")
+
+
+def test_the_shared_set_up_is_written_once_and_imported_by_the_other_notebooks():
+    # 1-Servers builds free_port and start_server in view; the others import them
+    for name in ALL_NOTEBOOKS:
+        code = code_of(name)
+        if name == "1-Servers.ipynb":
+            assert "def free_port" in code and "def start_server" in code
+        elif "tf.compat.v1.train.ClusterSpec" in code:  # every notebook that starts a cluster
+            assert "from tutorial_cluster import" in code, name
+            assert "def free_port" not in code and "def start_server" not in code, name
+
+
+@pytest.mark.parametrize("name", ALL_NOTEBOOKS)
+def test_a_notebook_hands_back_named_values_and_reads_no_private_attribute(name):
+    code = code_of(name)
+    assert "SimpleNamespace" not in code  # a namedtuple says what a function hands back
+    assert not re.findall(r"\w\._[a-z]\w*", code)  # e.g. SyncReplicasOptimizer._accumulator_list
+
+
 def test_every_notebook_of_the_tutorial_is_tested_and_listed_in_its_readme():
     found = sorted(str(path.relative_to(TUTORIAL)) for path in TUTORIAL.rglob("*.ipynb")
                    if ".ipynb_checkpoints" not in str(path))
