@@ -564,18 +564,40 @@ def record_batches(data, size):
 
 
 # >>> shared: keras
-KERAS_MODELS = {}  # by names: the Keras model and the parameters keras_params made of it
+KERAS_MODELS = {}  # by names: the Keras model, the parameters keras_params made of it, and the
+# name scope it was built in
 
 
 def keras_params(model):
     """A built Keras model's weights as an example's parameters: {name: variable}, in the order
     the model made them (Keras 3's variables hold TensorFlow ones: those, which the examples'
-    loops differentiate and update). Remembered, so that keras_logits finds the model again."""
+    loops differentiate and update). Remembered, so that keras_logits finds the model again.
+    The examples run every layer as at test and train every weight by its gradient, so a model
+    that acts otherwise in training is refused in one line: a layer that drops or adds noise at
+    random (Dropout, GaussianNoise, a Random* augmentation), weights not trained by gradients
+    (BatchNormalization's moving statistics, a frozen layer), or losses of the model's own (a
+    regulariser) that model_loss does not add."""
+    def refused():
+        for layer in model._flatten_layers(include_self=False):
+            kind = "layer %s (%s)" % (layer.name, type(layer).__name__)
+            if type(layer).__name__.startswith("Random") or any(
+                    getattr(layer, rate, 0) for rate in ("rate", "dropout", "recurrent_dropout",
+                                                         "stddev")):
+                return kind + " acts at random in training"
+            if layer.non_trainable_weights and not list(layer._flatten_layers(include_self=False)):
+                return kind + " has weights not trained by gradients"
+        if model.losses:
+            return "regulariser (model.losses) adds to the loss"
+    if refused():
+        fail("the Keras model's %s: the examples run every layer as at test, train every weight "
+             "by its gradient and minimise model_loss alone; take it out, or write that part with "
+             "raw variables (docs/own-model.md)" % refused())
     params = {}
     for w in model.weights:
         name = getattr(w, "path", None) or w.name.split(":")[0]
         params[name] = w if isinstance(w, tf.Variable) else w.value
-    KERAS_MODELS[tuple(params)] = (model, params)
+    scope = tf.compat.v1.get_default_graph().get_name_scope()
+    KERAS_MODELS[tuple(params)] = (model, params, scope + "/" if scope else "")
     return params
 
 
@@ -583,15 +605,31 @@ def keras_logits(params, x):
     """The logits, for the examples x, of the Keras model behind params, computed with params'
     values: the model itself over its own weights; over any other dict of the same names (a
     worker's local copy, the parameters plus noise), the model built again (tf_keras's
-    clone_model, in the tf.compat.v1 examples) with each weight taken from params."""
-    model, own = KERAS_MODELS[tuple(params)]
+    clone_model, in the tf.compat.v1 examples) with each weight taken from params by its name
+    (and checked for its shape): the copy's names are the model's, built in a scope of its own."""
+    model, own, scope = KERAS_MODELS[tuple(params)]
     if params is own:
         return model(x)
     import tf_keras
-    given = iter(params.values())
-    with tf.variable_creator_scope(lambda next_creator, **kwargs: next(given)):
-        copy = tf_keras.models.clone_model(model)
-    return copy(x)
+    taken = {}  # no weight of the dict twice
+
+    def weight_by_name(next_creator, **kwargs):
+        graph_scope = tf.compat.v1.get_default_graph().get_name_scope()
+        name = graph_scope[len(copy_scope):] + "/" + kwargs["name"]  # as the model names it
+        found = [n for n in params if n == scope + name] or [
+            n for n in params if n == name or n.endswith("/" + name)]
+        if len(found) != 1 or found[0] in taken:
+            raise ValueError("keras_logits: the copy's weight %s matches %s of the model's "
+                             "weights %s" % (name, found or "none", list(params)))
+        shape = tf.TensorShape(kwargs.get("shape"))
+        if not shape.is_compatible_with(params[found[0]].shape):
+            raise ValueError("keras_logits: the copy's weight %s has the shape %s, the dict's %s"
+                             % (name, shape, params[found[0]].shape))
+        taken[found[0]] = True
+        return params[found[0]]
+    with tf.compat.v1.name_scope("keras_copy") as copy_scope:  # a fresh scope: no name taken
+        with tf.variable_creator_scope(weight_by_name):
+            return tf_keras.models.clone_model(model)(x)  # (a model built at its first call)
 # <<< shared: keras
 
 

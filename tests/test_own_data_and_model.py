@@ -11,6 +11,9 @@ the default run covers each substitution and each family of plumbing:
 import os
 import re
 import shutil
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -329,3 +332,119 @@ def test_a_malformed_data_file_is_refused_in_one_line_before_tensorflow_loads(
     assert code == 2 and not loaded, (code, stderr)
     assert error_lines(stderr) == stderr.splitlines() and len(error_lines(stderr)) == 1, stderr
     assert str(path) in stderr and MALFORMED[problem] in stderr, stderr
+
+
+# --- A Keras model ------------------------------------------------------------------------------
+def run_keras(example, script, timeout=120):
+    """script run in a process of its own with the user's Keras (the tests' processes skip it),
+    the example's train.py loaded as `module` and TensorFlow as `tf`; returns its stdout."""
+    from support.examples import ROOT
+    env = {k: v for k, v in dict(os.environ, **USERS_ENVIRONMENT).items() if v is not None}
+    env["PYTHONPATH"] = os.pathsep.join([os.path.join(ROOT, "tests")] + [
+        p for p in [env.get("PYTHONPATH")] if p])
+    prelude = ("import numpy as np\nfrom support.examples import load_train_module\n"
+               "module = load_train_module(%r)\ntf = module.tf\n" % example)
+    proc = subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(script)], env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+# a layer whose sublayer's kernel is made before its own weight of the same shape: model.weights
+# lists its own first, so a copy that took the weights in that order would swap the two
+NESTED_KERAS_MODEL = '''
+import tf_keras as keras
+
+
+class Block(keras.layers.Layer):
+    def build(self, shape):
+        self.inner = keras.layers.Dense(4, use_bias=False)
+        self.inner.build(shape)
+        self.scale = self.add_weight(name="scale", shape=(4, 4))
+
+    def call(self, x):
+        return tf.matmul(self.inner(x), self.scale)
+
+
+with tf.Graph().as_default():
+    tf.compat.v1.set_random_seed(0)
+    model = keras.Sequential([keras.Input((4,)), Block(), keras.layers.Dense(3)])
+    params = module.keras_params(model)
+    print("weights:", " ".join(params))
+    print("made:", " ".join(v.op.name for v in tf.compat.v1.global_variables()))
+    copy = {name: tf.identity(p) for name, p in params.items()}  # another dict of the same names
+    x = tf.constant(np.random.default_rng(0).normal(size=(5, 4)).astype(np.float32))
+    own, other = module.keras_logits(params, x), module.keras_logits(copy, x)
+    wrong = dict(copy, **{"dense/bias": tf.zeros([4])})
+    try:
+        module.keras_logits(wrong, x)
+    except ValueError as e:
+        print("wrong shape:", e)
+    with tf.compat.v1.Session() as session:
+        session.run(tf.compat.v1.global_variables_initializer())
+        own, other = session.run([own, other])
+    print("largest difference:", np.abs(own - other).max())
+'''
+
+
+def test_keras_logits_takes_each_weight_by_its_name_and_checks_its_shape():
+    out = run_keras("DOWNPOUR", NESTED_KERAS_MODEL)
+    lines = dict(line.split(": ", 1) for line in out.splitlines() if ": " in line)
+    # the case in question: the order of model.weights is not the order the weights were made
+    assert lines["weights"].split()[:2] == ["block/scale", "block/kernel"], out
+    assert lines["made"].split()[:2] == ["block/kernel", "block/scale"], out
+    assert float(lines["largest difference"]) == 0.0, out  # the copy is the model, weight by weight
+    assert "dense/bias has the shape (3,), the dict's (4,)" in lines["wrong shape"], out
+
+
+# each model differs from the convolution above by one layer (or argument) that acts otherwise in
+# training than at test; the examples run every layer as at test and train every weight by its
+# gradient, so such a model is refused, and what its one line names
+TRAINING_ONLY = {
+    "dropout": ("keras.layers.Dropout(0.5)", "layer dropout (Dropout) acts at random in training"),
+    "noise": ("keras.layers.GaussianNoise(0.1)",
+              "layer gaussian_noise (GaussianNoise) acts at random in training"),
+    "batch_normalization": ("keras.layers.BatchNormalization()", "layer batch_normalization "
+                            "(BatchNormalization) has weights not trained by gradients"),
+    "frozen_layer": ('keras.layers.Conv2D(4, 3, trainable=False, name="frozen")',
+                     "layer frozen (Conv2D) has weights not trained by gradients"),
+    "regulariser": ('keras.layers.Conv2D(4, 3, kernel_regularizer="l2")',
+                    "regulariser (model.losses) adds to the loss"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(TRAINING_ONLY))
+def test_a_keras_model_that_acts_otherwise_in_training_is_refused_in_one_line(kind):
+    layer, says = TRAINING_ONLY[kind]
+    out = run_keras("DOWNPOUR", '''
+        import contextlib, io
+        import tf_keras as keras
+        for layer in ("keras.layers.Dropout(0.0)", %r):  # no dropout at all, then the one refused
+            with tf.Graph().as_default():
+                model = keras.Sequential([keras.Input((8, 8, 1)), eval(layer),
+                                          keras.layers.Flatten(), keras.layers.Dense(10)])
+                stderr = io.StringIO()
+                try:
+                    with contextlib.redirect_stderr(stderr):
+                        print("params:", len(module.keras_params(model)))
+                except SystemExit as e:
+                    print("exit %%s: %%s" %% (e.code, stderr.getvalue().rstrip().replace("\\n", "|")))
+        ''' % layer)
+    accepted, refused = out.splitlines()
+    assert accepted == "params: 2", out
+    assert refused.startswith("exit 2: error: the Keras model's %s: the examples run every layer "
+                              "as at test" % says) and "|" not in refused, out
+
+
+def test_a_copy_with_a_keras_dropout_layer_stops_in_one_line_before_training(tmp_path):
+    model = KERAS_CONV_MODEL.replace("keras.layers.Flatten(),",
+                                     "keras.layers.Flatten(), keras.layers.Dropout(0.5),")
+    folder = str(tmp_path / "DOWNPOUR")
+    copy_with_own_data_and_model("DOWNPOUR", folder, dict(data=IMAGE_DATA, model=model))
+    run = run_copy(folder, ["--steps", "50", "--log_dir", str(tmp_path / "logs")], timeout=120,
+                   env=USERS_ENVIRONMENT)
+    assert_nothing_left(folder)
+    assert run.code != 0, run.output[-2000:]
+    refusals = [l for l in run.output.splitlines() if "error: the Keras model's layer dropout" in l]
+    assert refusals and all(l.startswith("[worker") for l in refusals), run.output[-2000:]
+    assert "local_step=" not in run.output, run.output[-2000:]  # no progress line: no step

@@ -54,6 +54,11 @@ MWMS_SIGTERM = node("tests/test_multi_worker_mirrored_strategy.py", "test_a_sigt
                     "checkpoint_at_one_step_on_every_worker_and_the_rerun_resumes_there[worker1]")
 
 DATA_FILES = "tests/test_data_files.py"
+OWN_MODEL = "tests/test_own_data_and_model.py"
+KERAS_REFUSED = node(OWN_MODEL, "test_a_keras_model_that_acts_otherwise_in_training_is_refused_in_"
+                     "one_line")
+KERAS_BY_NAME = node(OWN_MODEL, "test_keras_logits_takes_each_weight_by_its_name_and_checks_its_"
+                     "shape")
 ES_TESTS = "tests/test_evolution_strategies.py"
 MUTATIONS = [
     Mutation("TFRecord files: every worker reads every training file", "Distributed-Setup/train.py",
@@ -70,6 +75,21 @@ MUTATIONS = [
              "    if xs:\n        yield batch(xs, ys)", "    if False:\n        yield batch(xs, ys)",
              node(DATA_FILES, "test_the_test_files_stream_in_batches_of_the_size_asked_holding_"
                   "the_whole_test_set"), None),
+    Mutation("Keras (the appendix): a Dropout layer taken, and run as at test",
+             "DOWNPOUR/train.py", 'getattr(layer, rate, 0) for rate in ("rate", "dropout"',
+             'getattr(layer, rate, 0) for rate in ("dropout"', KERAS_REFUSED, None),
+    Mutation("Keras (the appendix): weights not trained by gradients handed out to train",
+             "DOWNPOUR/train.py", "        if layer.non_trainable_weights and not list(",
+             "        if False and not list(", KERAS_REFUSED, None),
+    Mutation("Keras (the appendix): a regulariser's losses left out of the loss, silently",
+             "DOWNPOUR/train.py", "    if model.losses:\n", "    if False:\n", KERAS_REFUSED,
+             None),
+    Mutation("Keras (the appendix): a copy takes the dict's weights by their place",
+             "DOWNPOUR/train.py", "        return params[found[0]]\n",
+             "        return list(params.values())[len(taken) - 1]\n", KERAS_BY_NAME, None),
+    Mutation("Keras (the appendix): a copy takes a weight of another shape",
+             "DOWNPOUR/train.py", "        if not shape.is_compatible_with(params[found[0]].shape):",
+             "        if False:", KERAS_BY_NAME, None),
     Mutation("EASGD: alpha's sign flipped (the worker moves away from the centre)",
              "EASGD/train.py", "p.assign_sub(args.alpha * d, read_value=False)",
              "p.assign_sub(-args.alpha * d, read_value=False)", "tests/test_easgd.py", RULE),
