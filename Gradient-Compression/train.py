@@ -780,22 +780,33 @@ def records_dataset(data, batch_size, worker_index, num_workers, seed):
     return records.map(parse, tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
 
 
+ARRAYS_IN_A_GRAPH_MB = 256  # ParameterServerStrategy's traced dataset function: larger arrays
+# are refused (each worker would hold the graph's copy, and a GraphDef holds 2 GB at most)
+
+
 def arrays_dataset(x, y, worker_index, num_workers, seed):
     """This worker's shard of the arrays (x, y), example by example, in a new order every epoch,
-    never a constant of a tf.compat.v1 graph (its GraphDef would hold the arrays: 2 GB at most,
-    and copies in memory): the graph asks Python for the shard when the pipeline starts, and
-    integer pixels (Pixels) stay a byte each until they leave the shuffle. In TensorFlow 2
-    (where ParameterServerStrategy sends the pipeline to its workers) the arrays themselves."""
+    integer pixels (Pixels) a byte each until they leave the shuffle. Never a constant of a
+    tf.compat.v1 graph (its GraphDef would hold the arrays: 2 GB at most, and copies in memory):
+    the graph asks Python for the shard when the pipeline starts. In TensorFlow 2 the arrays
+    themselves; ParameterServerStrategy traces its dataset function, which makes them a constant
+    of a graph that every worker holds, so arrays over ARRAYS_IN_A_GRAPH_MB are refused there."""
+    pixels, scale = (x.pixels, x.scale) if isinstance(x, Pixels) else (np.asarray(x), None)
     if tf.compat.v1.executing_eagerly_outside_functions():
-        examples = tf.data.Dataset.from_tensor_slices((np.asarray(x), y))
-        return examples.shard(num_workers, worker_index).shuffle(
-            len(x) // num_workers + 1, seed=seed)
-    pixels, scale = (x.pixels, x.scale) if isinstance(x, Pixels) else (x, None)
-    shard = lambda: (pixels[worker_index::num_workers], y[worker_index::num_workers])
-    arrays = tf.data.Dataset.range(1).map(lambda _: tuple(tf.compat.v1.py_func(
-        shard, [], [tf.as_dtype(pixels.dtype), tf.as_dtype(y.dtype)], stateful=False)))
-    examples = arrays.map(lambda xs, ys: (tf.ensure_shape(xs, (None,) + x.shape[1:]),
-                                          tf.ensure_shape(ys, (None,) + y.shape[1:]))).unbatch()
+        size = (pixels.nbytes + np.asarray(y).nbytes) / 2**20
+        if not tf.executing_eagerly() and size > ARRAYS_IN_A_GRAPH_MB:  # traced: a constant
+            fail("%.0f MB of training arrays would be a constant of the traced dataset function, "
+                 "on every worker (at most %d MB): write them as TFRecord files (python "
+                 "tools/npz_to_tfrecord.py DATA.npz FOLDER) and give --data_path FOLDER"
+                 % (size, ARRAYS_IN_A_GRAPH_MB))
+        examples = tf.data.Dataset.from_tensor_slices((pixels, y)).shard(num_workers,
+                                                                         worker_index)
+    else:
+        shard = lambda: (pixels[worker_index::num_workers], y[worker_index::num_workers])
+        arrays = tf.data.Dataset.range(1).map(lambda _: tuple(tf.compat.v1.py_func(
+            shard, [], [tf.as_dtype(pixels.dtype), tf.as_dtype(y.dtype)], stateful=False)))
+        examples = arrays.map(lambda xs, ys: (tf.ensure_shape(xs, (None,) + x.shape[1:]),
+                                              tf.ensure_shape(ys, (None,) + y.shape[1:]))).unbatch()
     examples = examples.shuffle(len(x) // num_workers + 1, seed=seed)  # the shards differ
     if scale is None:
         return examples

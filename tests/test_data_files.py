@@ -180,3 +180,32 @@ def test_an_npz_reaches_each_worker_as_its_own_shard_and_never_as_a_constant_of_
             with tf.compat.v1.Session() as session:
                 numbers = {int(n) for _ in range(20) for n in session.run(x_batch)[:, 0]}
         assert numbers == set(range(worker, 4000, 2))
+
+
+def test_parameter_server_strategys_traced_dataset_function_holds_pixels_as_bytes_and_refuses_more_than_its_limit(
+        tmp_path, capsys, monkeypatch):
+    # ParameterServerStrategy traces its dataset function: the arrays become a constant of that
+    # graph, which every worker holds; uint8 pixels go in as bytes (not 4 bytes of float32 each)
+    # and are scaled in the pipeline, and arrays over ARRAYS_IN_A_GRAPH_MB are refused in one line
+    x = (np.arange(2000 * 64) % 251).astype(np.uint8).reshape(2000, 8, 8)
+    np.savez(tmp_path / "pixels.npz", x_train=x, y_train=np.arange(2000) % 10, x_test=x[:10],
+             y_test=np.arange(10) % 10)
+    module = load_train_module("ParameterServerStrategy")
+    tf = module.tf
+    data = module.load_dataset(str(tmp_path / "pixels.npz"))
+    dataset_fn = lambda: module.training_dataset(data, 10, 0, 2, seed=0)
+    graph = tf.function(dataset_fn).get_concrete_function().graph
+    constants = [op.get_attr("value") for op in graph.get_operations() if op.type == "Const"]
+    largest = max(constants, key=lambda c: len(c.tensor_content))
+    assert tf.as_dtype(largest.dtype) == tf.uint8 and len(largest.tensor_content) == x.nbytes
+    first = next(iter(dataset_fn()))[0].numpy()  # eagerly (MultiWorkerMirroredStrategy's way)
+    assert first.dtype == np.float32 and 0 <= first.min() and first.max() <= 1
+
+    monkeypatch.setattr(module, "ARRAYS_IN_A_GRAPH_MB", 0.1)  # the pixels are 0.125 MB
+    next(iter(dataset_fn()))  # eagerly: no constant of a graph, no limit
+    with pytest.raises(SystemExit) as exit:
+        tf.function(dataset_fn).get_concrete_function()
+    stderr = capsys.readouterr().err
+    assert exit.value.code == 2 and error_lines(stderr) == stderr.splitlines(), stderr
+    assert ("0 MB of training arrays would be a constant of the traced dataset function, on "
+            "every worker (at most 0 MB): write them as TFRecord files") in stderr, stderr

@@ -55,6 +55,8 @@ MWMS_SIGTERM = node("tests/test_multi_worker_mirrored_strategy.py", "test_a_sigt
 
 DATA_FILES = "tests/test_data_files.py"
 OWN_MODEL = "tests/test_own_data_and_model.py"
+TRACED_ARRAYS = node(DATA_FILES, "test_parameter_server_strategys_traced_dataset_function_holds_"
+                     "pixels_as_bytes_and_refuses_more_than_its_limit")
 KERAS_REFUSED = node(OWN_MODEL, "test_a_keras_model_that_acts_otherwise_in_training_is_refused_in_"
                      "one_line")
 KERAS_BY_NAME = node(OWN_MODEL, "test_keras_logits_takes_each_weight_by_its_name_and_checks_its_"
@@ -71,6 +73,15 @@ MUTATIONS = [
              "shard = lambda: (pixels, y)",
              node(DATA_FILES, "test_an_npz_reaches_each_worker_as_its_own_shard_and_never_as_a_"
                   "constant_of_the_graph"), None),
+    Mutation("ParameterServerStrategy's traced dataset function: arrays of any size a constant",
+             "ParameterServerStrategy/train.py",
+             "if not tf.executing_eagerly() and size > ARRAYS_IN_A_GRAPH_MB:",
+             "if False:", TRACED_ARRAYS, None),
+    Mutation("ParameterServerStrategy's traced dataset function: pixels a constant in float32",
+             "ParameterServerStrategy/train.py",
+             "examples = tf.data.Dataset.from_tensor_slices((pixels, y))",
+             "examples = tf.data.Dataset.from_tensor_slices((np.asarray(x), y))", TRACED_ARRAYS,
+             None),
     Mutation("TFRecord test files: the last, smaller batch dropped", "Distributed-Setup/train.py",
              "    if xs:\n        yield batch(xs, ys)", "    if False:\n        yield batch(xs, ys)",
              node(DATA_FILES, "test_the_test_files_stream_in_batches_of_the_size_asked_holding_"
