@@ -55,6 +55,9 @@ MWMS_SIGTERM = node("tests/test_multi_worker_mirrored_strategy.py", "test_a_sigt
 
 DATA_FILES = "tests/test_data_files.py"
 OWN_MODEL = "tests/test_own_data_and_model.py"
+CONVERT = "tools/npz_to_tfrecord.py"
+CONVERTER_REFUSES = node(DATA_FILES, "test_the_converter_refuses_what_the_npz_path_refuses_in_one_"
+                         "line")
 TRACED_ARRAYS = node(DATA_FILES, "test_parameter_server_strategys_traced_dataset_function_holds_"
                      "pixels_as_bytes_and_refuses_more_than_its_limit")
 KERAS_REFUSED = node(OWN_MODEL, "test_a_keras_model_that_acts_otherwise_in_training_is_refused_in_"
@@ -82,6 +85,23 @@ MUTATIONS = [
              "examples = tf.data.Dataset.from_tensor_slices((pixels, y))",
              "examples = tf.data.Dataset.from_tensor_slices((np.asarray(x), y))", TRACED_ARRAYS,
              None),
+    Mutation("npz_to_tfrecord: a folder with an older set's shards written into",
+             CONVERT, "    if older:  # the reader", "    if False:  # the reader",
+             node(DATA_FILES, "test_the_converter_refuses_a_folder_that_holds_a_data_set_already_"
+                  "and_leaves_it_as_it_was"), None),
+    Mutation("npz_to_tfrecord: 8 shards by default (3 and 6 workers get unequal files)", CONVERT,
+             "default=24,", "default=8,", node(DATA_FILES, "test_the_converters_default_shards_"
+                                               "divide_evenly_over_1_2_3_4_6_and_8_workers"), None),
+    Mutation("npz_to_tfrecord: NaN and infinite values written", CONVERT,
+             'if array.dtype.kind == "f" and not all(', "if False and not all(",
+             CONVERTER_REFUSES, None),
+    Mutation("npz_to_tfrecord: x_test written in its dtype under x_train's in meta.json", CONVERT,
+             'if arrays["x_test"].dtype.name != x_train.dtype.name:', "if False:",
+             CONVERTER_REFUSES, None),
+    Mutation("npz_to_tfrecord: bytes written in the array's byte order (decode_raw: little)",
+             CONVERT, "np.ascontiguousarray(x[i], little_endian)", "np.ascontiguousarray(x[i])",
+             node(DATA_FILES, "test_big_endian_arrays_are_written_little_endian_as_the_reader_"
+                  "decodes_them"), None),
     Mutation("TFRecord test files: the last, smaller batch dropped", "Distributed-Setup/train.py",
              "    if xs:\n        yield batch(xs, ys)", "    if False:\n        yield batch(xs, ys)",
              node(DATA_FILES, "test_the_test_files_stream_in_batches_of_the_size_asked_holding_"
