@@ -102,6 +102,15 @@ MUTATIONS = [
              CONVERT, "np.ascontiguousarray(x[i], little_endian)", "np.ascontiguousarray(x[i])",
              node(DATA_FILES, "test_big_endian_arrays_are_written_little_endian_as_the_reader_"
                   "decodes_them"), None),
+    Mutation("step-time model: held-out runs its rule saw before it was committed counted",
+             "benchmarks/step_time_model.py", "kept = [r for r in runs if not seen or not (",
+             "kept = [r for r in runs if True or not (",
+             node("tests/test_compare.py", "test_the_step_time_model_leaves_out_the_held_out_runs_"
+                  "its_rule_saw_and_says_so"), None),
+    Mutation("step-time model: a held-out file without one-process runs ends in a traceback",
+             "benchmarks/step_time_model.py", "    if not one_host:\n", "    if False:\n",
+             node("tests/test_compare.py", "test_the_step_time_model_given_a_held_out_file_"
+                  "without_one_process_runs_stops_in_one_line"), None),
     Mutation("TFRecord test files: the last, smaller batch dropped", "Distributed-Setup/train.py",
              "    if xs:\n        yield batch(xs, ys)", "    if False:\n        yield batch(xs, ys)",
              node(DATA_FILES, "test_the_test_files_stream_in_batches_of_the_size_asked_holding_"
