@@ -252,21 +252,21 @@ def on_sigterm_save_and_exit(args, mirrored, run):
 @contextlib.contextmanager
 def google_cloud_unseen():
     """TensorFlow 2.21's handler asks the metadata server at $GCE_METADATA_IP (by default
-    metadata.google.internal) whether it runs on Google Cloud. If so, it sets no SIGTERM
+    metadata.google.internal) whether it runs on Google Cloud (on_gcp). If so, it sets no SIGTERM
     handler: on a CPU (or TPU) VM it watches nothing at all, whatever its TerminationConfig
     says; on a GPU VM it polls the host-maintenance notice and trains on up to an hour after
-    it. Pointed at a closed port while the handler starts, it finds no Google Cloud, and a
+    it. Told "not Google Cloud" while the handler starts, it sets its SIGTERM handler, and a
     SIGTERM saves and exits on every platform alike (a GPU VM's maintenance notice is not
-    watched: the SIGTERM of the VM's shutdown is)."""
-    saved = os.environ.get("GCE_METADATA_IP")
-    os.environ["GCE_METADATA_IP"] = "127.0.0.1:9"  # the discard port: refused at once
+    watched: the SIGTERM of the VM's shutdown is). Its platform check is replaced for that
+    window, not the environment: the strategy's threads run meanwhile, and a setenv is neither
+    thread-safe nor undone for a library that read the variable then."""
+    from tensorflow.python.distribute.failure_handling import failure_handling_util as platform
+    on_gcp = platform.on_gcp
+    platform.on_gcp = lambda: False  # what detect_platform asks, for the handler's platform
     try:
         yield
     finally:
-        if saved is None:
-            del os.environ["GCE_METADATA_IP"]
-        else:
-            os.environ["GCE_METADATA_IP"] = saved
+        platform.on_gcp = on_gcp
 
 
 def main(argv=None):

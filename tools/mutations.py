@@ -315,6 +315,12 @@ MUTATIONS = [
     Mutation("MultiWorkerMirroredStrategy: on Google Cloud the handler watches no SIGTERM",
              "MultiWorkerMirroredStrategy/train.py", "    with google_cloud_unseen():\n",
              "    with contextlib.nullcontext():\n", MWMS_SIGTERM, None),
+    Mutation("MultiWorkerMirroredStrategy: Google Cloud hidden by a setenv while threads run",
+             "MultiWorkerMirroredStrategy/train.py",
+             "    platform.on_gcp = lambda: False  # what",
+             '    os.environ["GCE_METADATA_IP"] = "127.0.0.1:9"  # what',
+             node("tests/test_multi_worker_mirrored_strategy.py", "test_the_handler_is_kept_from_"
+                  "google_cloud_by_its_platform_check_not_by_the_environment"), None),
     Mutation("MultiWorkerMirroredStrategy: a preempted worker leaves its scratch checkpoints",
              "MultiWorkerMirroredStrategy/train.py",
              "        run.remove_scratch()\n        sys.stdout.flush()\n",
