@@ -18,7 +18,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from support.examples import (USERS_ENVIRONMENT, error_lines, example_dir,
+from support.examples import (ROOT, USERS_ENVIRONMENT, error_lines, example_dir,
                               run_train_noting_tensorflow)
 from support.processes import assert_nothing_left
 from support.runs import finish, start_run_sh
@@ -133,30 +133,21 @@ def model_metrics(params, x, y):
     return {"accuracy": tf.reduce_mean(tf.cast(correct, tf.float32))}
 '''
 
-# (d) the same convolution written with Keras, as docs/own-model.md shows it: tf_keras (Keras 2,
-# the Keras that tf.compat.v1 graphs take) in the classic examples, Keras 3 in TensorFlow 2's
-KERAS_CONV_MODEL = '''import tf_keras as keras  # Keras 2: the Keras that tf.compat.v1 graphs take
+# (d) the same convolution written with Keras, as docs/own-model.md shows it (its code, read from
+# there): tf_keras (Keras 2, the Keras that tf.compat.v1 graphs take) in the classic examples,
+# Keras 3 in TensorFlow 2's
+OWN_MODEL_MD = os.path.join(ROOT, "docs", "own-model.md")
 
 
-def model_params(input_shape, hidden, seed, num_classes):
-    """A Keras model: a 3x3 convolution of 16 channels, a 2x2 max-pool and a linear layer."""
-    tf.compat.v1.set_random_seed(seed)
-    model = keras.Sequential([keras.Input(input_shape),
-                              keras.layers.Conv2D(16, 3, padding="same", activation="relu"),
-                              keras.layers.MaxPooling2D(2), keras.layers.Flatten(),
-                              keras.layers.Dense(num_classes)])
-    return keras_params(model)  # {name: variable}; keras_logits runs the model on such a dict
+def keras_recipe():
+    """docs/own-model.md's Keras section: (its Model code, its bash lines)."""
+    with open(OWN_MODEL_MD) as f:
+        section = f.read().split("## A Keras model", 1)[1].split("\n## ", 1)[0]
+    return (re.search(r"```python\n(.*?)```", section, re.S).group(1),
+            re.search(r"```bash\n(.*?)```", section, re.S).group(1))
 
 
-def model_loss(params, x, y):
-    return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
-        labels=y, logits=keras_logits(params, x)))
-
-
-def model_metrics(params, x, y):
-    correct = tf.equal(tf.argmax(keras_logits(params, x), 1), y)
-    return {"accuracy": tf.reduce_mean(tf.cast(correct, tf.float32))}
-'''
+KERAS_CONV_MODEL = keras_recipe()[0]
 TF2 = ("ParameterServerStrategy", "MultiWorkerMirroredStrategy")
 
 
@@ -164,10 +155,14 @@ def keras_model(example):
     """The Keras model's code for an example: Keras 3 in TensorFlow 2's, seeded its own way."""
     if example not in TF2:
         return KERAS_CONV_MODEL
-    return KERAS_CONV_MODEL.replace(
-        "import tf_keras as keras  # Keras 2: the Keras that tf.compat.v1 graphs take",
-        "import keras  # Keras 3, which TensorFlow 2 installs").replace(
-        "tf.compat.v1.set_random_seed(seed)", "keras.utils.set_random_seed(seed)")
+    model = KERAS_CONV_MODEL
+    for old, new in (('import tf_keras as keras  # in the tf.compat.v1 examples; "import keras" '
+                      "(Keras 3) in TF2's", "import keras  # Keras 3, which TensorFlow 2 installs"),
+                     ("tf.compat.v1.set_random_seed(seed)  # TF2: keras.utils.set_random_seed(seed)",
+                      "keras.utils.set_random_seed(seed)")):
+        assert model.count(old) == 1, old
+        model = model.replace(old, new)
+    return model
 
 
 # what each substitution replaces, and what its run of 1200 mini-batches must reach: measured
@@ -206,8 +201,10 @@ def copy_with_own_data_and_model(example, destination, substitution):
                     ignore=shutil.ignore_patterns("logs", "__pycache__"))
     with open(os.path.join(example_dir(example), "train.py")) as f:
         original = f.read()
-    text, replaced = DATA_BLOCK.subn(lambda m: substitution["data"], original)
-    assert replaced == 1, example
+    text = original
+    if substitution["data"]:
+        text, replaced = DATA_BLOCK.subn(lambda m: substitution["data"], original)
+        assert replaced == 1, example
     model = substitution["model"]
     if model:
         model = model(example) if callable(model) else model
@@ -448,3 +445,32 @@ def test_a_copy_with_a_keras_dropout_layer_stops_in_one_line_before_training(tmp
     refusals = [l for l in run.output.splitlines() if "error: the Keras model's layer dropout" in l]
     assert refusals and all(l.startswith("[worker") for l in refusals), run.output[-2000:]
     assert "local_step=" not in run.output, run.output[-2000:]  # no progress line: no step
+
+
+def test_docs_keras_recipe_trains_a_copy_on_the_digits_saved_as_images_offline(tmp_path):
+    # as a new user would: the copy outside the repository, its Model section the doc's, its
+    # EXAMPLE renamed; the doc's lines save the digits as (N, 8, 8) and train the copy on them
+    model, commands = keras_recipe()
+    save, run_line = commands.strip().rsplit("\n", 1)
+    saved = subprocess.run(["bash", "-c", save], cwd=tmp_path, capture_output=True, text=True,
+                           timeout=120)
+    assert saved.returncode == 0, saved.stderr[-2000:]
+    with np.load(tmp_path / "digits.npz") as f:
+        assert f["x_train"].shape == (1440, 8, 8) and f["x_test"].shape == (357, 8, 8)
+    folder = str(tmp_path / "my-job")
+    _, text = copy_with_own_data_and_model("DOWNPOUR", folder, dict(data=None, model=model))
+    assert text.count('EXAMPLE = "DOWNPOUR"') == 1
+    with open(os.path.join(folder, "train.py"), "w") as f:
+        f.write(text.replace('EXAMPLE = "DOWNPOUR"', 'EXAMPLE = "my-job"'))
+    # Keras is imported where the model is made: a bad flag still fails before TensorFlow loads
+    code, _, stderr, loaded = run_train_noting_tensorflow(folder, ["--steps", "-1"],
+                                                          env=USERS_ENVIRONMENT)
+    assert code == 2 and not loaded and len(error_lines(stderr)) == 1, stderr
+    args = run_line.split("run.sh ", 1)[1].replace("digits.npz", str(tmp_path / "digits.npz"))
+    assert run_line.startswith("bash ~/my-job/run.sh ") and "--data_path" in args
+    run = run_copy(folder, args.split() + ["--log_dir", str(tmp_path / "logs")],
+                   env=USERS_ENVIRONMENT)
+    assert_nothing_left(folder)
+    assert run.code == 0, run.output[-3000:]
+    summary = run.summary()
+    assert summary["example"] == "my-job" and float(summary["test_accuracy"]) >= 0.85, summary

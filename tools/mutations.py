@@ -111,6 +111,12 @@ MUTATIONS = [
              "benchmarks/step_time_model.py", "    if not one_host:\n", "    if False:\n",
              node("tests/test_compare.py", "test_the_step_time_model_given_a_held_out_file_"
                   "without_one_process_runs_stops_in_one_line"), None),
+    Mutation("sync_shared: every folder with a train.py taken for an example (a user's copy too)",
+             "tools/sync_shared.py", "    examples = sorted(EXAMPLES)\n",
+             '    examples = sorted(d for d in os.listdir(ROOT) if os.path.isfile(os.path.join('
+             'ROOT, d, "train.py")))\n',
+             node("tests/test_boilerplate.py", "test_a_folder_copied_inside_the_repository_keeps_"
+                  "its_own_model_when_the_shared_text_is_synced"), None),
     Mutation("TFRecord test files: the last, smaller batch dropped", "Distributed-Setup/train.py",
              "    if xs:\n        yield batch(xs, ys)", "    if False:\n        yield batch(xs, ys)",
              node(DATA_FILES, "test_the_test_files_stream_in_batches_of_the_size_asked_holding_"
