@@ -182,7 +182,7 @@ def test_an_npz_reaches_each_worker_as_its_own_shard_and_never_as_a_constant_of_
         assert numbers == set(range(worker, 4000, 2))
 
 
-def test_parameter_server_strategys_traced_dataset_function_holds_pixels_as_bytes_and_refuses_more_than_its_limit(
+def test_a_traced_dataset_function_holds_pixels_as_bytes_and_refuses_arrays_over_its_limit(
         tmp_path, capsys, monkeypatch):
     # ParameterServerStrategy traces its dataset function: the arrays become a constant of that
     # graph, which every worker holds; uint8 pixels go in as bytes (not 4 bytes of float32 each)

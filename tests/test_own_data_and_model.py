@@ -158,8 +158,8 @@ def keras_model(example):
     model = KERAS_CONV_MODEL
     for old, new in (('import tf_keras as keras  # in the tf.compat.v1 examples; "import keras" '
                       "(Keras 3) in TF2's", "import keras  # Keras 3, which TensorFlow 2 installs"),
-                     ("tf.compat.v1.set_random_seed(seed)  # TF2: keras.utils.set_random_seed(seed)",
-                      "keras.utils.set_random_seed(seed)")):
+                     ("tf.compat.v1.set_random_seed(seed)  # TF2: "
+                      "keras.utils.set_random_seed(seed)", "keras.utils.set_random_seed(seed)")):
         assert model.count(old) == 1, old
         model = model.replace(old, new)
     return model
@@ -425,7 +425,8 @@ def test_a_keras_model_that_acts_otherwise_in_training_is_refused_in_one_line(ki
                     with contextlib.redirect_stderr(stderr):
                         print("params:", len(module.keras_params(model)))
                 except SystemExit as e:
-                    print("exit %%s: %%s" %% (e.code, stderr.getvalue().rstrip().replace("\\n", "|")))
+                    said = stderr.getvalue().rstrip().replace("\\n", "|")
+                    print("exit %%s: %%s" %% (e.code, said))
         ''' % layer)
     accepted, refused = out.splitlines()
     assert accepted == "params: 2", out

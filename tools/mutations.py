@@ -58,8 +58,8 @@ OWN_MODEL = "tests/test_own_data_and_model.py"
 CONVERT = "tools/npz_to_tfrecord.py"
 CONVERTER_REFUSES = node(DATA_FILES, "test_the_converter_refuses_what_the_npz_path_refuses_in_one_"
                          "line")
-TRACED_ARRAYS = node(DATA_FILES, "test_parameter_server_strategys_traced_dataset_function_holds_"
-                     "pixels_as_bytes_and_refuses_more_than_its_limit")
+TRACED_ARRAYS = node(DATA_FILES, "test_a_traced_dataset_function_holds_pixels_as_bytes_and_"
+                     "refuses_arrays_over_its_limit")
 KERAS_REFUSED = node(OWN_MODEL, "test_a_keras_model_that_acts_otherwise_in_training_is_refused_in_"
                      "one_line")
 KERAS_BY_NAME = node(OWN_MODEL, "test_keras_logits_takes_each_weight_by_its_name_and_checks_its_"
@@ -134,8 +134,9 @@ MUTATIONS = [
              "DOWNPOUR/train.py", "        return params[found[0]]\n",
              "        return list(params.values())[len(taken) - 1]\n", KERAS_BY_NAME, None),
     Mutation("Keras (the appendix): a copy takes a weight of another shape",
-             "DOWNPOUR/train.py", "        if not shape.is_compatible_with(params[found[0]].shape):",
-             "        if False:", KERAS_BY_NAME, None),
+             "DOWNPOUR/train.py",
+             "        if not shape.is_compatible_with(params[found[0]].shape):", "        if False:",
+             KERAS_BY_NAME, None),
     Mutation("EASGD: alpha's sign flipped (the worker moves away from the centre)",
              "EASGD/train.py", "p.assign_sub(args.alpha * d, read_value=False)",
              "p.assign_sub(-args.alpha * d, read_value=False)", "tests/test_easgd.py", RULE),
