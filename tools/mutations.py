@@ -117,6 +117,11 @@ MUTATIONS = [
              'ROOT, d, "train.py")))\n',
              node("tests/test_boilerplate.py", "test_a_folder_copied_inside_the_repository_keeps_"
                   "its_own_model_when_the_shared_text_is_synced"), None),
+    Mutation("docs/own-model.md: the Keras recipe imports tf_keras at the top of train.py",
+             "docs/own-model.md", "```python\ndef model_params(input_shape, hidden, seed, num_",
+             "```python\nimport tf_keras\n\n\ndef model_params(input_shape, hidden, seed, num_",
+             node(OWN_MODEL, "test_docs_keras_recipe_trains_a_copy_on_the_digits_saved_as_images_"
+                  "offline"), None),
     Mutation("TFRecord test files: the last, smaller batch dropped", "Distributed-Setup/train.py",
              "    if xs:\n        yield batch(xs, ys)", "    if False:\n        yield batch(xs, ys)",
              node(DATA_FILES, "test_the_test_files_stream_in_batches_of_the_size_asked_holding_"
