@@ -497,7 +497,7 @@ def record_batches(data, size):
 
 # >>> shared: keras
 KERAS_MODELS = {}  # by names: the Keras model, the parameters keras_params made of it, and the
-# name scope it was built in
+# graph's name scope then (the start of its weights' names)
 
 
 def keras_params(model):
@@ -520,10 +520,11 @@ def keras_params(model):
                 return kind + " has weights not trained by gradients"
         if model.losses:
             return "regulariser (model.losses) adds to the loss"
-    if refused():
+    reason = refused()
+    if reason:
         fail("the Keras model's %s: the examples run every layer as at test, train every weight "
              "by its gradient and minimise model_loss alone; take it out, or write that part with "
-             "raw variables (docs/own-model.md)" % refused())
+             "raw variables (docs/own-model.md)" % reason)
     params = {}
     for w in model.weights:
         name = getattr(w, "path", None) or w.name.split(":")[0]
