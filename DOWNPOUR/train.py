@@ -553,22 +553,33 @@ def parse_records(data):
     return parse
 
 
+ARRAYS_IN_A_GRAPH_MB = 256  # ParameterServerStrategy's traced dataset function: larger arrays
+# are refused (each worker would hold the graph's copy, and a GraphDef holds 2 GB at most)
+
+
 def arrays_dataset(x, y, worker_index, num_workers, seed):
     """This worker's shard of the arrays (x, y), example by example, in a new order every epoch,
-    never a constant of a tf.compat.v1 graph (its GraphDef would hold the arrays: 2 GB at most,
-    and copies in memory): the graph asks Python for the shard when the pipeline starts, and
-    integer pixels (Pixels) stay a byte each until they leave the shuffle. In TensorFlow 2
-    (where ParameterServerStrategy sends the pipeline to its workers) the arrays themselves."""
+    integer pixels (Pixels) a byte each until they leave the shuffle. Never a constant of a
+    tf.compat.v1 graph (its GraphDef would hold the arrays: 2 GB at most, and copies in memory):
+    the graph asks Python for the shard when the pipeline starts. In TensorFlow 2 the arrays
+    themselves; ParameterServerStrategy traces its dataset function, which makes them a constant
+    of a graph that every worker holds, so arrays over ARRAYS_IN_A_GRAPH_MB are refused there."""
+    pixels, scale = (x.pixels, x.scale) if isinstance(x, Pixels) else (np.asarray(x), None)
     if tf.compat.v1.executing_eagerly_outside_functions():
-        examples = tf.data.Dataset.from_tensor_slices((np.asarray(x), y))
-        return examples.shard(num_workers, worker_index).shuffle(
-            len(x) // num_workers + 1, seed=seed)
-    pixels, scale = (x.pixels, x.scale) if isinstance(x, Pixels) else (x, None)
-    shard = lambda: (pixels[worker_index::num_workers], y[worker_index::num_workers])
-    arrays = tf.data.Dataset.range(1).map(lambda _: tuple(tf.compat.v1.py_func(
-        shard, [], [tf.as_dtype(pixels.dtype), tf.as_dtype(y.dtype)], stateful=False)))
-    examples = arrays.map(lambda xs, ys: (tf.ensure_shape(xs, (None,) + x.shape[1:]),
-                                          tf.ensure_shape(ys, (None,) + y.shape[1:]))).unbatch()
+        size = (pixels.nbytes + np.asarray(y).nbytes) / 2**20
+        if not tf.executing_eagerly() and size > ARRAYS_IN_A_GRAPH_MB:  # traced: a constant
+            fail("%.0f MB of training arrays would be a constant of the traced dataset function, "
+                 "on every worker (at most %d MB): write them as TFRecord files (python "
+                 "tools/npz_to_tfrecord.py DATA.npz FOLDER) and give --data_path FOLDER"
+                 % (size, ARRAYS_IN_A_GRAPH_MB))
+        examples = tf.data.Dataset.from_tensor_slices((pixels, y)).shard(num_workers,
+                                                                         worker_index)
+    else:
+        shard = lambda: (pixels[worker_index::num_workers], y[worker_index::num_workers])
+        arrays = tf.data.Dataset.range(1).map(lambda _: tuple(tf.compat.v1.py_func(
+            shard, [], [tf.as_dtype(pixels.dtype), tf.as_dtype(y.dtype)], stateful=False)))
+        examples = arrays.map(lambda xs, ys: (tf.ensure_shape(xs, (None,) + x.shape[1:]),
+                                              tf.ensure_shape(ys, (None,) + y.shape[1:]))).unbatch()
     examples = examples.shuffle(len(x) // num_workers + 1, seed=seed)  # the shards differ
     if scale is None:
         return examples
@@ -629,18 +640,41 @@ def start_the_data(session, global_step):
 
 
 # >>> shared: keras
-KERAS_MODELS = {}  # by names: the Keras model and the parameters keras_params made of it
+KERAS_MODELS = {}  # by names: the Keras model, the parameters keras_params made of it, and the
+# graph's name scope then (the start of its weights' names)
 
 
 def keras_params(model):
     """A built Keras model's weights as an example's parameters: {name: variable}, in the order
     the model made them (Keras 3's variables hold TensorFlow ones: those, which the examples'
-    loops differentiate and update). Remembered, so that keras_logits finds the model again."""
+    loops differentiate and update). Remembered, so that keras_logits finds the model again.
+    The examples run every layer as at test and train every weight by its gradient, so a model
+    that acts otherwise in training is refused in one line: a layer that drops or adds noise at
+    random (Dropout, GaussianNoise, a Random* augmentation), weights not trained by gradients
+    (BatchNormalization's moving statistics, a frozen layer), or losses of the model's own (a
+    regulariser) that model_loss does not add."""
+    def refused():
+        for layer in model._flatten_layers(include_self=False):
+            kind = "layer %s (%s)" % (layer.name, type(layer).__name__)
+            if type(layer).__name__.startswith("Random") or any(
+                    getattr(layer, rate, 0) for rate in ("rate", "dropout", "recurrent_dropout",
+                                                         "stddev")):
+                return kind + " acts at random in training"
+            if layer.non_trainable_weights and not list(layer._flatten_layers(include_self=False)):
+                return kind + " has weights not trained by gradients"
+        if model.losses:
+            return "regulariser (model.losses) adds to the loss"
+    reason = refused()
+    if reason:
+        fail("the Keras model's %s: the examples run every layer as at test, train every weight "
+             "by its gradient and minimise model_loss alone; take it out, or write that part with "
+             "raw variables (docs/own-model.md)" % reason)
     params = {}
     for w in model.weights:
         name = getattr(w, "path", None) or w.name.split(":")[0]
         params[name] = w if isinstance(w, tf.Variable) else w.value
-    KERAS_MODELS[tuple(params)] = (model, params)
+    scope = tf.compat.v1.get_default_graph().get_name_scope()
+    KERAS_MODELS[tuple(params)] = (model, params, scope + "/" if scope else "")
     return params
 
 
@@ -648,15 +682,31 @@ def keras_logits(params, x):
     """The logits, for the examples x, of the Keras model behind params, computed with params'
     values: the model itself over its own weights; over any other dict of the same names (a
     worker's local copy, the parameters plus noise), the model built again (tf_keras's
-    clone_model, in the tf.compat.v1 examples) with each weight taken from params."""
-    model, own = KERAS_MODELS[tuple(params)]
+    clone_model, in the tf.compat.v1 examples) with each weight taken from params by its name
+    (and checked for its shape): the copy's names are the model's, built in a scope of its own."""
+    model, own, scope = KERAS_MODELS[tuple(params)]
     if params is own:
         return model(x)
     import tf_keras
-    given = iter(params.values())
-    with tf.variable_creator_scope(lambda next_creator, **kwargs: next(given)):
-        copy = tf_keras.models.clone_model(model)
-    return copy(x)
+    taken = {}  # no weight of the dict twice
+
+    def weight_by_name(next_creator, **kwargs):
+        graph_scope = tf.compat.v1.get_default_graph().get_name_scope()
+        name = graph_scope[len(copy_scope):] + "/" + kwargs["name"]  # as the model names it
+        found = [n for n in params if n == scope + name] or [
+            n for n in params if n == name or n.endswith("/" + name)]
+        if len(found) != 1 or found[0] in taken:
+            raise ValueError("keras_logits: the copy's weight %s matches %s of the model's "
+                             "weights %s" % (name, found or "none", list(params)))
+        shape = tf.TensorShape(kwargs.get("shape"))
+        if not shape.is_compatible_with(params[found[0]].shape):
+            raise ValueError("keras_logits: the copy's weight %s has the shape %s, the dict's %s"
+                             % (name, shape, params[found[0]].shape))
+        taken[found[0]] = True
+        return params[found[0]]
+    with tf.compat.v1.name_scope("keras_copy") as copy_scope:  # a fresh scope: no name taken
+        with tf.variable_creator_scope(weight_by_name):
+            return tf_keras.models.clone_model(model)(x)  # (a model built at its first call)
 # <<< shared: keras
 
 

@@ -1,15 +1,20 @@
 """Every example folder is self-contained, so its plumbing is copied: keep the copies equal, and
 keep every train.py in the reading order that puts the algorithm first."""
 import ast
+import collections
 import difflib
 import io
 import os
 import re
+import shutil
+import subprocess
+import sys
 import tokenize
 
 import pytest
 
-from support.examples import DISTRIBUTED_EXAMPLES, EXAMPLES, declared_jobs, example_dir, sync_shared
+from support.examples import (DISTRIBUTED_EXAMPLES, EXAMPLES, ROOT, declared_jobs, example_dir,
+                              sync_shared)
 
 pytestmark = pytest.mark.quick  # seconds, and the first thing a change to a shared block breaks
 
@@ -49,6 +54,36 @@ def test_every_example_folder_has_train_py_run_sh_and_a_readme():
     for example in EXAMPLES:
         for name in ("train.py", "run.sh", "README.md"):
             assert os.path.isfile(os.path.join(example_dir(example), name)), (example, name)
+
+
+def test_the_examples_are_the_folders_the_repository_tracks_each_named_in_sync_shared():
+    tracked = subprocess.run(["git", "ls-files", "*/train.py", "*/run.sh"], cwd=ROOT,
+                             capture_output=True, text=True, timeout=60)
+    if tracked.returncode != 0:
+        pytest.skip("not a git checkout: " + tracked.stderr.strip())
+    folders = collections.Counter(path.split("/")[0] for path in tracked.stdout.split())
+    assert sorted(f for f, files in folders.items() if files == 2) == sorted(
+        sync_shared.EXAMPLES)
+
+
+def test_a_folder_copied_inside_the_repository_keeps_its_own_model_when_the_shared_text_is_synced(
+        tmp_path):
+    # the repository's examples and tools in a folder of their own, and in it, beside the
+    # examples, a copy of Distributed-Setup whose Model section is a user's own
+    for name in sync_shared.EXAMPLES:
+        (tmp_path / name).mkdir()
+        shutil.copy(os.path.join(example_dir(name), "train.py"), tmp_path / name)
+    for part in ("tools", "deploy"):
+        shutil.copytree(os.path.join(ROOT, part), tmp_path / part,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    own = read("Distributed-Setup", "train.py").replace(
+        "# >>> shared: model\n", "# >>> shared: model\n# the user's own model\n")
+    (tmp_path / "my-job").mkdir()
+    (tmp_path / "my-job" / "train.py").write_text(own)
+    synced = subprocess.run([sys.executable, str(tmp_path / "tools" / "sync_shared.py")],
+                            capture_output=True, text=True, timeout=120)
+    assert synced.returncode == 0 and synced.stdout.strip() == "updated: nothing", synced
+    assert (tmp_path / "my-job" / "train.py").read_text() == own
 
 
 # what the shared data and model blocks define, and what a train() built on them calls

@@ -913,3 +913,53 @@ def test_a_benchmarks_help_gives_the_defaults_it_runs_with(capsys):
     assert "(default: mnist1d)" in text and "(default: digits)" not in text
     assert "seconds a run may take (default: 900)" in text
     assert "--batch_size BATCH_SIZE (default: 512)" in text
+
+
+def step_time_files(tmp_path, held_out_runs, workers=2):
+    """A runs file to fit the model on (3 workers, as the first test's) and a held-out one."""
+    sgd = decision_table.ONE_SGD
+    fitted_on = [decision_run(sgd, None, 9.0, rate_per_sec=100.0),
+                 decision_run("DOWNPOUR", "unlimited", 4.0, rate_per_sec=200.0, busiest=9e7,
+                              both=1.8e8),
+                 decision_run("DOWNPOUR", "100mbit", 11.0, rate_per_sec=50.0, busiest=9e7)]
+    settings = dict(DECISION_SETTINGS, workers=3, targets=[(None, 0.55)])
+    paths = []
+    for name, runs, n in (("fitted", fitted_on, 3), ("held_out", held_out_runs, workers)):
+        path = tmp_path / name / decision_table.RUNS
+        path.parent.mkdir()
+        path.write_text(json.dumps(dict(settings=dict(settings, workers=n), rows=[], runs=runs)))
+        paths.append(str(path))
+    return paths
+
+
+def test_the_step_time_model_leaves_out_the_held_out_runs_its_rule_saw_and_says_so(
+        tmp_path, monkeypatch):
+    # 2 workers: the first 100 Mbit/s run (repeat 0) was measured before the rule and is far
+    # off (30 s); the run after it took 12 s, which the model's 13 s predicts within 25%
+    seen, after = (decision_run("DOWNPOUR", "100mbit", s) for s in (30.0, 12.0))
+    after["repeat"] = 1
+    fitted_on, held_out = step_time_files(tmp_path, [
+        decision_run(decision_table.ONE_SGD, None, 9.0, rate_per_sec=100.0),
+        decision_run("DOWNPOUR", "unlimited", 4.0, rate_per_sec=150.0, busiest=9e7, both=1.8e8),
+        seen, after])
+    every_run = step_time_model.report(fitted_on, "", [held_out])
+    assert "| 2 | 100 Mbit/s | 21.0 | 13.0 (-38%) |" in every_run  # the median of both
+    assert ": 0 of 1 within 25%" in every_run and "Left out" not in every_run
+    monkeypatch.setattr(step_time_model, "SEEN_BY_THE_RULE", {held_out: dict(
+        rate="100mbit", repeat=0, rows=("DOWNPOUR",))})
+    unseen = step_time_model.report(fitted_on, "", [held_out])
+    assert "| 2 | 100 Mbit/s | 12.0 | 13.0 (+8%) |" in unseen
+    assert (": 1 of 1 within 25% of the measured median (100%); the earlier rule, 0 of 1. Left "
+            "out: 1 run(s) measured before the rule was committed, which prompted it (the first "
+            "100 Mbit/s run of DOWNPOUR, 2 workers)") in unseen
+
+
+def test_the_step_time_model_given_a_held_out_file_without_one_process_runs_stops_in_one_line(
+        tmp_path, capsys):
+    fitted_on, held_out = step_time_files(tmp_path, [
+        decision_run("DOWNPOUR", "unlimited", 4.0, rate_per_sec=150.0, busiest=9e7, both=1.8e8),
+        decision_run("DOWNPOUR", "100mbit", 12.0)])
+    assert step_time_model.main(["--runs", fitted_on, "--held_out", held_out]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--held_out %s: no 'one process, SGD' runs to measure c" % (
+        held_out) in err, err

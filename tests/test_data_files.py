@@ -339,3 +339,103 @@ def test_a_worker_with_fewer_files_than_the_others_says_so_in_a_line(records, ca
                            "tfrecord,train-00003-of-00004.tfrecord (uneven: 4 files over 3 "
                            "workers"), line
     assert "write a multiple of 3 shards" in line, line
+
+
+def test_a_traced_dataset_function_holds_pixels_as_bytes_and_refuses_arrays_over_its_limit(
+        tmp_path, capsys, monkeypatch):
+    # ParameterServerStrategy traces its dataset function: the arrays become a constant of that
+    # graph, which every worker holds; uint8 pixels go in as bytes (not 4 bytes of float32 each)
+    # and are scaled in the pipeline, and arrays over ARRAYS_IN_A_GRAPH_MB are refused in one line
+    x = (np.arange(2000 * 64) % 251).astype(np.uint8).reshape(2000, 8, 8)
+    np.savez(tmp_path / "pixels.npz", x_train=x, y_train=np.arange(2000) % 10, x_test=x[:10],
+             y_test=np.arange(10) % 10)
+    module = load_train_module("ParameterServerStrategy")
+    tf = module.tf
+    data = module.load_dataset(str(tmp_path / "pixels.npz"))
+    dataset_fn = lambda: module.training_dataset(data, 10, 0, 2, seed=0)
+    graph = tf.function(dataset_fn).get_concrete_function().graph
+    constants = [op.get_attr("value") for op in graph.get_operations() if op.type == "Const"]
+    largest = max(constants, key=lambda c: len(c.tensor_content))
+    assert tf.as_dtype(largest.dtype) == tf.uint8 and len(largest.tensor_content) == x.nbytes
+    first = next(iter(dataset_fn()))[0].numpy()  # eagerly (MultiWorkerMirroredStrategy's way)
+    assert first.dtype == np.float32 and 0 <= first.min() and first.max() <= 1
+
+    monkeypatch.setattr(module, "ARRAYS_IN_A_GRAPH_MB", 0.1)  # the pixels are 0.125 MB
+    next(iter(dataset_fn()))  # eagerly: no constant of a graph, no limit
+    with pytest.raises(SystemExit) as exit:
+        tf.function(dataset_fn).get_concrete_function()
+    stderr = capsys.readouterr().err
+    assert exit.value.code == 2 and error_lines(stderr) == stderr.splitlines(), stderr
+    assert ("0 MB of training arrays would be a constant of the traced dataset function, on "
+            "every worker (at most 0 MB): write them as TFRecord files") in stderr, stderr
+
+
+def run_converter(npz, folder, *args):
+    """The converter's exit code and stderr."""
+    proc = subprocess.run([sys.executable, CONVERTER, str(npz), str(folder)] + list(args),
+                          capture_output=True, text=True, timeout=120)
+    return proc.returncode, proc.stderr
+
+
+def test_the_converter_refuses_a_folder_that_holds_a_data_set_already_and_leaves_it_as_it_was(
+        tmp_path):
+    # --shards 2 then --shards 4 into one folder would leave six training files, which the
+    # reader takes together: every example twice, split unevenly
+    npz = numbered_set(tmp_path / "n.npz")
+    folder = convert(npz, tmp_path / "shards", "--shards", "2")
+    before = sorted(p.name for p in folder.iterdir())
+    code, stderr = run_converter(npz, folder, "--shards", "4")
+    assert code == 2 and error_lines(stderr) == stderr.splitlines(), stderr
+    assert "%s holds a data set already (meta.json, test-00000-of-00001.tfrecord, " % folder in (
+        stderr) and "write into a new folder, or remove its files first" in stderr, stderr
+    assert sorted(p.name for p in folder.iterdir()) == before
+
+
+def test_the_converters_default_shards_divide_evenly_over_1_2_3_4_6_and_8_workers(tmp_path):
+    folder = convert(numbered_set(tmp_path / "n.npz"), tmp_path / "shards")
+    shards = len(list(folder.glob("train-*.tfrecord")))
+    assert shards == 24 and all(shards % workers == 0 for workers in (1, 2, 3, 4, 6, 8))
+
+
+@pytest.mark.parametrize("problem, message", [
+    ("nan", "x_train has NaN or infinite values"),
+    ("infinite", "x_test has NaN or infinite values"),
+    ("nan target", "y_train has NaN or infinite values"),
+    ("dtypes", "x_test is float64 and x_train float32: save both in one dtype"),
+])
+def test_the_converter_refuses_what_the_npz_path_refuses_in_one_line(tmp_path, problem, message):
+    rng = np.random.default_rng(0)
+    arrays = dict(x_train=rng.random((20, 3)).astype(np.float32), y_train=rng.random(20),
+                  x_test=rng.random((5, 3)).astype(np.float32), y_test=rng.random(5))
+    if problem == "nan":
+        arrays["x_train"][4, 2] = np.nan
+    elif problem == "infinite":
+        arrays["x_test"][0, 0] = -np.inf
+    elif problem == "nan target":
+        arrays["y_train"][7] = np.nan
+    else:
+        arrays["x_test"] = arrays["x_test"].astype(np.float64)
+    np.savez(tmp_path / "bad.npz", **arrays)
+    code, stderr = run_converter(tmp_path / "bad.npz", tmp_path / "out", "--shards", "2",
+                                 "--regression")
+    assert code == 2 and error_lines(stderr) == stderr.splitlines(), stderr
+    assert message in stderr and not (tmp_path / "out").exists(), stderr
+
+
+def test_big_endian_arrays_are_written_little_endian_as_the_reader_decodes_them(tmp_path):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(12, 3)).astype(">f4")  # big-endian floats, as another machine saves
+    np.savez(tmp_path / "big_endian.npz", x_train=x[:8], y_train=np.arange(8) % 2, x_test=x[8:],
+             y_test=np.arange(4) % 2)
+    folder = convert(tmp_path / "big_endian.npz", tmp_path / "shards", "--shards", "2")
+    module = load_train_module("Distributed-Setup")
+    data = module.load_dataset(str(folder))
+    (x_test, _), = list(module.test_batches(data, size=10))
+    np.testing.assert_array_equal(x_test, x[8:].astype(np.float32))
+    tf = module.tf
+    with tf.Graph().as_default():
+        x_batch, _ = module.training_batches(data, 4, 0, 1, seed=0)
+        with tf.compat.v1.Session() as session:
+            module.start_the_data(session, 0)
+            rows = np.concatenate([session.run(x_batch) for _ in range(2)])
+    assert sorted(map(tuple, rows)) == sorted(map(tuple, x[:8].astype(np.float32)))

@@ -227,3 +227,19 @@ def test_a_chief_in_tf_config_is_worker_0_and_the_workers_come_after_it(monkeypa
         assert json.loads(os.environ["TF_CONFIG"]) == {"cluster": cluster, "task": {
             "type": role[0], "index": role[1]}}  # what the strategy reads
         assert args.connect_timeout == 600  # under TF_CONFIG pods may start minutes apart
+
+
+def test_the_handler_is_kept_from_google_cloud_by_its_platform_check_not_by_the_environment(
+        google_cloud_metadata, monkeypatch):
+    # the fake metadata server answers like Google Cloud's: TensorFlow's own check says so, but
+    # not while the handler starts; the environment is the same throughout (other threads run)
+    from tensorflow.python.distribute.failure_handling import failure_handling_util as platform
+    module = load_train_module(EXAMPLE)
+    monkeypatch.setenv("GCE_METADATA_IP", google_cloud_metadata)
+    assert platform.detect_platform() == platform.PlatformDevice.GCE_CPU
+    environment = dict(os.environ)
+    with module.google_cloud_unseen():
+        assert dict(os.environ) == environment
+        assert platform.detect_platform() == platform.PlatformDevice.INTERNAL_CPU
+    assert platform.detect_platform() == platform.PlatformDevice.GCE_CPU
+    assert dict(os.environ) == environment

@@ -11,11 +11,14 @@ the default run covers each substitution and each family of plumbing:
 import os
 import re
 import shutil
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
 
-from support.examples import (USERS_ENVIRONMENT, error_lines, example_dir,
+from support.examples import (ROOT, USERS_ENVIRONMENT, error_lines, example_dir,
                               run_train_noting_tensorflow)
 from support.processes import assert_nothing_left
 from support.runs import finish, start_run_sh
@@ -130,30 +133,21 @@ def model_metrics(params, x, y):
     return {"accuracy": tf.reduce_mean(tf.cast(correct, tf.float32))}
 '''
 
-# (d) the same convolution written with Keras, as docs/own-model.md shows it: tf_keras (Keras 2,
-# the Keras that tf.compat.v1 graphs take) in the classic examples, Keras 3 in TensorFlow 2's
-KERAS_CONV_MODEL = '''import tf_keras as keras  # Keras 2: the Keras that tf.compat.v1 graphs take
+# (d) the same convolution written with Keras, as docs/own-model.md shows it (its code, read from
+# there): tf_keras (Keras 2, the Keras that tf.compat.v1 graphs take) in the classic examples,
+# Keras 3 in TensorFlow 2's
+OWN_MODEL_MD = os.path.join(ROOT, "docs", "own-model.md")
 
 
-def model_params(input_shape, hidden, seed, num_classes):
-    """A Keras model: a 3x3 convolution of 16 channels, a 2x2 max-pool and a linear layer."""
-    tf.compat.v1.set_random_seed(seed)
-    model = keras.Sequential([keras.Input(input_shape),
-                              keras.layers.Conv2D(16, 3, padding="same", activation="relu"),
-                              keras.layers.MaxPooling2D(2), keras.layers.Flatten(),
-                              keras.layers.Dense(num_classes)])
-    return keras_params(model)  # {name: variable}; keras_logits runs the model on such a dict
+def keras_recipe():
+    """docs/own-model.md's Keras section: (its Model code, its bash lines)."""
+    with open(OWN_MODEL_MD) as f:
+        section = f.read().split("## A Keras model", 1)[1].split("\n## ", 1)[0]
+    return (re.search(r"```python\n(.*?)```", section, re.S).group(1),
+            re.search(r"```bash\n(.*?)```", section, re.S).group(1))
 
 
-def model_loss(params, x, y):
-    return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
-        labels=y, logits=keras_logits(params, x)))
-
-
-def model_metrics(params, x, y):
-    correct = tf.equal(tf.argmax(keras_logits(params, x), 1), y)
-    return {"accuracy": tf.reduce_mean(tf.cast(correct, tf.float32))}
-'''
+KERAS_CONV_MODEL = keras_recipe()[0]
 TF2 = ("ParameterServerStrategy", "MultiWorkerMirroredStrategy")
 
 
@@ -161,10 +155,14 @@ def keras_model(example):
     """The Keras model's code for an example: Keras 3 in TensorFlow 2's, seeded its own way."""
     if example not in TF2:
         return KERAS_CONV_MODEL
-    return KERAS_CONV_MODEL.replace(
-        "import tf_keras as keras  # Keras 2: the Keras that tf.compat.v1 graphs take",
-        "import keras  # Keras 3, which TensorFlow 2 installs").replace(
-        "tf.compat.v1.set_random_seed(seed)", "keras.utils.set_random_seed(seed)")
+    model = KERAS_CONV_MODEL
+    for old, new in (('import tf_keras as keras  # in the tf.compat.v1 examples; "import keras" '
+                      "(Keras 3) in TF2's", "import keras  # Keras 3, which TensorFlow 2 installs"),
+                     ("tf.compat.v1.set_random_seed(seed)  # TF2: "
+                      "keras.utils.set_random_seed(seed)", "keras.utils.set_random_seed(seed)")):
+        assert model.count(old) == 1, old
+        model = model.replace(old, new)
+    return model
 
 
 # what each substitution replaces, and what its run of 1200 mini-batches must reach: measured
@@ -203,8 +201,10 @@ def copy_with_own_data_and_model(example, destination, substitution):
                     ignore=shutil.ignore_patterns("logs", "__pycache__"))
     with open(os.path.join(example_dir(example), "train.py")) as f:
         original = f.read()
-    text, replaced = DATA_BLOCK.subn(lambda m: substitution["data"], original)
-    assert replaced == 1, example
+    text = original
+    if substitution["data"]:
+        text, replaced = DATA_BLOCK.subn(lambda m: substitution["data"], original)
+        assert replaced == 1, example
     model = substitution["model"]
     if model:
         model = model(example) if callable(model) else model
@@ -329,3 +329,149 @@ def test_a_malformed_data_file_is_refused_in_one_line_before_tensorflow_loads(
     assert code == 2 and not loaded, (code, stderr)
     assert error_lines(stderr) == stderr.splitlines() and len(error_lines(stderr)) == 1, stderr
     assert str(path) in stderr and MALFORMED[problem] in stderr, stderr
+
+
+# --- A Keras model ------------------------------------------------------------------------------
+def run_keras(example, script, timeout=120):
+    """script run in a process of its own with the user's Keras (the tests' processes skip it),
+    the example's train.py loaded as `module` and TensorFlow as `tf`; returns its stdout."""
+    from support.examples import ROOT
+    env = {k: v for k, v in dict(os.environ, **USERS_ENVIRONMENT).items() if v is not None}
+    env["PYTHONPATH"] = os.pathsep.join([os.path.join(ROOT, "tests")] + [
+        p for p in [env.get("PYTHONPATH")] if p])
+    prelude = ("import numpy as np\nfrom support.examples import load_train_module\n"
+               "module = load_train_module(%r)\ntf = module.tf\n" % example)
+    proc = subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(script)], env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+# a layer whose sublayer's kernel is made before its own weight of the same shape: model.weights
+# lists its own first, so a copy that took the weights in that order would swap the two
+NESTED_KERAS_MODEL = '''
+import tf_keras as keras
+
+
+class Block(keras.layers.Layer):
+    def build(self, shape):
+        self.inner = keras.layers.Dense(4, use_bias=False)
+        self.inner.build(shape)
+        self.scale = self.add_weight(name="scale", shape=(4, 4))
+
+    def call(self, x):
+        return tf.matmul(self.inner(x), self.scale)
+
+
+with tf.Graph().as_default():
+    tf.compat.v1.set_random_seed(0)
+    model = keras.Sequential([keras.Input((4,)), Block(), keras.layers.Dense(3)])
+    params = module.keras_params(model)
+    print("weights:", " ".join(params))
+    print("made:", " ".join(v.op.name for v in tf.compat.v1.global_variables()))
+    copy = {name: tf.identity(p) for name, p in params.items()}  # another dict of the same names
+    x = tf.constant(np.random.default_rng(0).normal(size=(5, 4)).astype(np.float32))
+    own, other = module.keras_logits(params, x), module.keras_logits(copy, x)
+    wrong = dict(copy, **{"dense/bias": tf.zeros([4])})
+    try:
+        module.keras_logits(wrong, x)
+    except ValueError as e:
+        print("wrong shape:", e)
+    with tf.compat.v1.Session() as session:
+        session.run(tf.compat.v1.global_variables_initializer())
+        own, other = session.run([own, other])
+    print("largest difference:", np.abs(own - other).max())
+'''
+
+
+def test_keras_logits_takes_each_weight_by_its_name_and_checks_its_shape():
+    out = run_keras("DOWNPOUR", NESTED_KERAS_MODEL)
+    lines = dict(line.split(": ", 1) for line in out.splitlines() if ": " in line)
+    # the case in question: the order of model.weights is not the order the weights were made
+    assert lines["weights"].split()[:2] == ["block/scale", "block/kernel"], out
+    assert lines["made"].split()[:2] == ["block/kernel", "block/scale"], out
+    assert float(lines["largest difference"]) == 0.0, out  # the copy is the model, weight by weight
+    assert "dense/bias has the shape (3,), the dict's (4,)" in lines["wrong shape"], out
+
+
+# each model differs from the convolution above by one layer (or argument) that acts otherwise in
+# training than at test; the examples run every layer as at test and train every weight by its
+# gradient, so such a model is refused, and what its one line names
+TRAINING_ONLY = {
+    "dropout": ("keras.layers.Dropout(0.5)", "layer dropout (Dropout) acts at random in training"),
+    "noise": ("keras.layers.GaussianNoise(0.1)",
+              "layer gaussian_noise (GaussianNoise) acts at random in training"),
+    "batch_normalization": ("keras.layers.BatchNormalization()", "layer batch_normalization "
+                            "(BatchNormalization) has weights not trained by gradients"),
+    "frozen_layer": ('keras.layers.Conv2D(4, 3, trainable=False, name="frozen")',
+                     "layer frozen (Conv2D) has weights not trained by gradients"),
+    "regulariser": ('keras.layers.Conv2D(4, 3, kernel_regularizer="l2")',
+                    "regulariser (model.losses) adds to the loss"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(TRAINING_ONLY))
+def test_a_keras_model_that_acts_otherwise_in_training_is_refused_in_one_line(kind):
+    layer, says = TRAINING_ONLY[kind]
+    out = run_keras("DOWNPOUR", '''
+        import contextlib, io
+        import tf_keras as keras
+        for layer in ("keras.layers.Dropout(0.0)", %r):  # no dropout at all, then the one refused
+            with tf.Graph().as_default():
+                model = keras.Sequential([keras.Input((8, 8, 1)), eval(layer),
+                                          keras.layers.Flatten(), keras.layers.Dense(10)])
+                stderr = io.StringIO()
+                try:
+                    with contextlib.redirect_stderr(stderr):
+                        print("params:", len(module.keras_params(model)))
+                except SystemExit as e:
+                    said = stderr.getvalue().rstrip().replace("\\n", "|")
+                    print("exit %%s: %%s" %% (e.code, said))
+        ''' % layer)
+    accepted, refused = out.splitlines()
+    assert accepted == "params: 2", out
+    assert refused.startswith("exit 2: error: the Keras model's %s: the examples run every layer "
+                              "as at test" % says) and "|" not in refused, out
+
+
+def test_a_copy_with_a_keras_dropout_layer_stops_in_one_line_before_training(tmp_path):
+    model = KERAS_CONV_MODEL.replace("keras.layers.Flatten(),",
+                                     "keras.layers.Flatten(), keras.layers.Dropout(0.5),")
+    folder = str(tmp_path / "DOWNPOUR")
+    copy_with_own_data_and_model("DOWNPOUR", folder, dict(data=IMAGE_DATA, model=model))
+    run = run_copy(folder, ["--steps", "50", "--log_dir", str(tmp_path / "logs")], timeout=120,
+                   env=USERS_ENVIRONMENT)
+    assert_nothing_left(folder)
+    assert run.code != 0, run.output[-2000:]
+    refusals = [l for l in run.output.splitlines() if "error: the Keras model's layer dropout" in l]
+    assert refusals and all(l.startswith("[worker") for l in refusals), run.output[-2000:]
+    assert "local_step=" not in run.output, run.output[-2000:]  # no progress line: no step
+
+
+def test_docs_keras_recipe_trains_a_copy_on_the_digits_saved_as_images_offline(tmp_path):
+    # as a new user would: the copy outside the repository, its Model section the doc's, its
+    # EXAMPLE renamed; the doc's lines save the digits as (N, 8, 8) and train the copy on them
+    model, commands = keras_recipe()
+    save, run_line = commands.strip().rsplit("\n", 1)
+    saved = subprocess.run(["bash", "-c", save], cwd=tmp_path, capture_output=True, text=True,
+                           timeout=120)
+    assert saved.returncode == 0, saved.stderr[-2000:]
+    with np.load(tmp_path / "digits.npz") as f:
+        assert f["x_train"].shape == (1440, 8, 8) and f["x_test"].shape == (357, 8, 8)
+    folder = str(tmp_path / "my-job")
+    _, text = copy_with_own_data_and_model("DOWNPOUR", folder, dict(data=None, model=model))
+    assert text.count('EXAMPLE = "DOWNPOUR"') == 1
+    with open(os.path.join(folder, "train.py"), "w") as f:
+        f.write(text.replace('EXAMPLE = "DOWNPOUR"', 'EXAMPLE = "my-job"'))
+    # Keras is imported where the model is made: a bad flag still fails before TensorFlow loads
+    code, _, stderr, loaded = run_train_noting_tensorflow(folder, ["--steps", "-1"],
+                                                          env=USERS_ENVIRONMENT)
+    assert code == 2 and not loaded and len(error_lines(stderr)) == 1, stderr
+    args = run_line.split("run.sh ", 1)[1].replace("digits.npz", str(tmp_path / "digits.npz"))
+    assert run_line.startswith("bash ~/my-job/run.sh ") and "--data_path" in args
+    run = run_copy(folder, args.split() + ["--log_dir", str(tmp_path / "logs")],
+                   env=USERS_ENVIRONMENT)
+    assert_nothing_left(folder)
+    assert run.code == 0, run.output[-3000:]
+    summary = run.summary()
+    assert summary["example"] == "my-job" and float(summary["test_accuracy"]) >= 0.85, summary

@@ -54,6 +54,16 @@ MWMS_SIGTERM = node("tests/test_multi_worker_mirrored_strategy.py", "test_a_sigt
                     "checkpoint_at_one_step_on_every_worker_and_the_rerun_resumes_there[worker1]")
 
 DATA_FILES = "tests/test_data_files.py"
+OWN_MODEL = "tests/test_own_data_and_model.py"
+CONVERT = "tools/npz_to_tfrecord.py"
+CONVERTER_REFUSES = node(DATA_FILES, "test_the_converter_refuses_what_the_npz_path_refuses_in_one_"
+                         "line")
+TRACED_ARRAYS = node(DATA_FILES, "test_a_traced_dataset_function_holds_pixels_as_bytes_and_"
+                     "refuses_arrays_over_its_limit")
+KERAS_REFUSED = node(OWN_MODEL, "test_a_keras_model_that_acts_otherwise_in_training_is_refused_in_"
+                     "one_line")
+KERAS_BY_NAME = node(OWN_MODEL, "test_keras_logits_takes_each_weight_by_its_name_and_checks_its_"
+                     "shape")
 ES_TESTS = "tests/test_evolution_strategies.py"
 MUTATIONS = [
     Mutation("TFRecord files: every worker reads every training file", "Distributed-Setup/train.py",
@@ -66,6 +76,52 @@ MUTATIONS = [
              "shard = lambda: (pixels, y)",
              node(DATA_FILES, "test_an_npz_reaches_each_worker_as_its_own_shard_and_never_as_a_"
                   "constant_of_the_graph"), None),
+    Mutation("ParameterServerStrategy's traced dataset function: arrays of any size a constant",
+             "ParameterServerStrategy/train.py",
+             "if not tf.executing_eagerly() and size > ARRAYS_IN_A_GRAPH_MB:",
+             "if False:", TRACED_ARRAYS, None),
+    Mutation("ParameterServerStrategy's traced dataset function: pixels a constant in float32",
+             "ParameterServerStrategy/train.py",
+             "examples = tf.data.Dataset.from_tensor_slices((pixels, y))",
+             "examples = tf.data.Dataset.from_tensor_slices((np.asarray(x), y))", TRACED_ARRAYS,
+             None),
+    Mutation("npz_to_tfrecord: a folder with an older set's shards written into",
+             CONVERT, "    if older:  # the reader", "    if False:  # the reader",
+             node(DATA_FILES, "test_the_converter_refuses_a_folder_that_holds_a_data_set_already_"
+                  "and_leaves_it_as_it_was"), None),
+    Mutation("npz_to_tfrecord: 8 shards by default (3 and 6 workers get unequal files)", CONVERT,
+             "default=24,", "default=8,", node(DATA_FILES, "test_the_converters_default_shards_"
+                                               "divide_evenly_over_1_2_3_4_6_and_8_workers"), None),
+    Mutation("npz_to_tfrecord: NaN and infinite values written", CONVERT,
+             'if array.dtype.kind == "f" and not all(', "if False and not all(",
+             CONVERTER_REFUSES, None),
+    Mutation("npz_to_tfrecord: x_test written in its dtype under x_train's in meta.json", CONVERT,
+             'if arrays["x_test"].dtype.name != x_train.dtype.name:', "if False:",
+             CONVERTER_REFUSES, None),
+    Mutation("npz_to_tfrecord: bytes written in the array's byte order (decode_raw: little)",
+             CONVERT, "np.ascontiguousarray(x[i], little_endian)", "np.ascontiguousarray(x[i])",
+             node(DATA_FILES, "test_big_endian_arrays_are_written_little_endian_as_the_reader_"
+                  "decodes_them"), None),
+    Mutation("step-time model: held-out runs its rule saw before it was committed counted",
+             "benchmarks/step_time_model.py", "kept = [r for r in runs if not seen or not (",
+             "kept = [r for r in runs if True or not (",
+             node("tests/test_compare.py", "test_the_step_time_model_leaves_out_the_held_out_runs_"
+                  "its_rule_saw_and_says_so"), None),
+    Mutation("step-time model: a held-out file without one-process runs ends in a traceback",
+             "benchmarks/step_time_model.py", "    if not one_host:\n", "    if False:\n",
+             node("tests/test_compare.py", "test_the_step_time_model_given_a_held_out_file_"
+                  "without_one_process_runs_stops_in_one_line"), None),
+    Mutation("sync_shared: every folder with a train.py taken for an example (a user's copy too)",
+             "tools/sync_shared.py", "    examples = sorted(EXAMPLES)\n",
+             '    examples = sorted(d for d in os.listdir(ROOT) if os.path.isfile(os.path.join('
+             'ROOT, d, "train.py")))\n',
+             node("tests/test_boilerplate.py", "test_a_folder_copied_inside_the_repository_keeps_"
+                  "its_own_model_when_the_shared_text_is_synced"), None),
+    Mutation("docs/own-model.md: the Keras recipe imports tf_keras at the top of train.py",
+             "docs/own-model.md", "```python\ndef model_params(input_shape, hidden, seed, num_",
+             "```python\nimport tf_keras\n\n\ndef model_params(input_shape, hidden, seed, num_",
+             node(OWN_MODEL, "test_docs_keras_recipe_trains_a_copy_on_the_digits_saved_as_images_"
+                  "offline"), None),
     Mutation("TFRecord test files: the last, smaller batch dropped", "Distributed-Setup/train.py",
              ".batch(size).map(parse_records(data))",
              ".batch(size, drop_remainder=True).map(parse_records(data))",
@@ -115,6 +171,22 @@ MUTATIONS = [
              node(DATA_FILES,
                   "test_training_files_that_are_not_one_whole_write_are_refused_in_one_line"),
              None),
+    Mutation("Keras (the appendix): a Dropout layer taken, and run as at test",
+             "DOWNPOUR/train.py", 'getattr(layer, rate, 0) for rate in ("rate", "dropout"',
+             'getattr(layer, rate, 0) for rate in ("dropout"', KERAS_REFUSED, None),
+    Mutation("Keras (the appendix): weights not trained by gradients handed out to train",
+             "DOWNPOUR/train.py", "        if layer.non_trainable_weights and not list(",
+             "        if False and not list(", KERAS_REFUSED, None),
+    Mutation("Keras (the appendix): a regulariser's losses left out of the loss, silently",
+             "DOWNPOUR/train.py", "    if model.losses:\n", "    if False:\n", KERAS_REFUSED,
+             None),
+    Mutation("Keras (the appendix): a copy takes the dict's weights by their place",
+             "DOWNPOUR/train.py", "        return params[found[0]]\n",
+             "        return list(params.values())[len(taken) - 1]\n", KERAS_BY_NAME, None),
+    Mutation("Keras (the appendix): a copy takes a weight of another shape",
+             "DOWNPOUR/train.py",
+             "        if not shape.is_compatible_with(params[found[0]].shape):", "        if False:",
+             KERAS_BY_NAME, None),
     Mutation("EASGD: alpha's sign flipped (the worker moves away from the centre)",
              "EASGD/train.py", "p.assign_sub(args.alpha * d, read_value=False)",
              "p.assign_sub(-args.alpha * d, read_value=False)", "tests/test_easgd.py", RULE),
@@ -313,6 +385,12 @@ MUTATIONS = [
     Mutation("MultiWorkerMirroredStrategy: on Google Cloud the handler watches no SIGTERM",
              "MultiWorkerMirroredStrategy/train.py", "    with google_cloud_unseen():\n",
              "    with contextlib.nullcontext():\n", MWMS_SIGTERM, None),
+    Mutation("MultiWorkerMirroredStrategy: Google Cloud hidden by a setenv while threads run",
+             "MultiWorkerMirroredStrategy/train.py",
+             "    platform.on_gcp = lambda: False  # what",
+             '    os.environ["GCE_METADATA_IP"] = "127.0.0.1:9"  # what',
+             node("tests/test_multi_worker_mirrored_strategy.py", "test_the_handler_is_kept_from_"
+                  "google_cloud_by_its_platform_check_not_by_the_environment"), None),
     Mutation("MultiWorkerMirroredStrategy: a preempted worker leaves its scratch checkpoints",
              "MultiWorkerMirroredStrategy/train.py",
              "        run.remove_scratch()\n        sys.stdout.flush()\n",

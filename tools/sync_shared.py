@@ -25,6 +25,13 @@ REFERENCES = ["Distributed-Setup", "ParameterServerStrategy", "Non-Distributed-S
 
 
 ONE_CLIENT = ("In-Graph-Replication", "Model-Parallel-Pipeline")  # worker 0 drives the others
+# The examples, by name: a folder copied inside the repository (a user's own job, its Data and
+# Model replaced) is none of them, so its sections are never written back to the MLP's
+EXAMPLES = ("ADAG", "AEASGD", "DOWNPOUR", "DiLoCo", "Distributed-Setup", "DynSGD", "EAMSGD",
+            "EASGD", "Evolution-Strategies", "Gradient-Compression", "Hogwild",
+            "In-Graph-Replication", "Model-Parallel-Pipeline", "MultiWorkerMirroredStrategy",
+            "Non-Distributed-Setup", "ParameterServerStrategy", "Sparse-Embeddings",
+            "Sparse-Embeddings-TF2", "Sync-SGD")
 
 
 def family(jobs, example=""):
@@ -39,7 +46,7 @@ def family(jobs, example=""):
 def main():
     if sys.argv[1:]:
         sys.exit("usage: python tools/sync_shared.py (it takes no arguments; see its docstring)")
-    examples = sorted(d for d in os.listdir(ROOT) if os.path.isfile(os.path.join(ROOT, d, "train.py")))
+    examples = sorted(EXAMPLES)
     texts = {e: open(os.path.join(ROOT, e, "train.py")).read() for e in examples}
     blocks = {}  # every shared block, above or below a banner: the first reference's text
     for e in REFERENCES + examples:

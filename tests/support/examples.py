@@ -77,10 +77,10 @@ def declared_jobs(example):
 
 
 def _find_examples():
-    """Every folder with a train.py and a run.sh is an example; the classic distributed ones run
-    on a ps with the workers' own sessions (JOBS = ("ps", "worker"))."""
-    found = sorted(d for d in os.listdir(ROOT) if os.path.isfile(os.path.join(ROOT, d, "train.py"))
-                   and os.path.isfile(os.path.join(ROOT, d, "run.sh")))
+    """The examples, by name (sync_shared.EXAMPLES: a folder copied inside the repository is
+    none); the classic distributed ones run on a ps with the workers' own sessions (JOBS =
+    ("ps", "worker"))."""
+    found = sorted(sync_shared.EXAMPLES)
     return found, [d for d in found if declared_jobs(d) == ("ps", "worker")]
 
 
@@ -99,14 +99,16 @@ def load_train_module(example):
 
 
 def environment_without_tf_config(env=None):
-    """This process's environment less TF_CONFIG (a train.py would read it), plus env."""
+    """This process's environment less TF_CONFIG (a train.py would read it), plus env (a value
+    None: the variable removed, as USERS_ENVIRONMENT gives it)."""
     full_env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
     full_env.update(env or {})
-    return full_env
+    return {k: v for k, v in full_env.items() if v is not None}
 
 
 def run_train(example, args, env=None, timeout=60):
-    """Run one train.py directly; returns (exit code, stdout, stderr)."""
+    """Run one train.py directly (example: a folder's name, or a copy's path); returns (exit
+    code, stdout, stderr)."""
     proc = subprocess.run([sys.executable, os.path.join(example_dir(example), "train.py")]
                           + list(args), env=environment_without_tf_config(env),
                           capture_output=True, text=True, timeout=timeout)
