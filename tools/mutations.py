@@ -149,7 +149,7 @@ MUTATIONS = [
                   "epoch_and_every_session"), None),
     Mutation("A new session replays the mini-batches the run began with",
              "Distributed-Setup/train.py",
-             "start_the_data(session, session.run(self.global_step))",
+             "start_the_data(session, worker.started_at)",
              "start_the_data(session, 0)",
              node(DATA_FILES, "test_a_restarted_chief_does_not_replay_the_mini_batches_the_run_"
                   "began_with"), None),
