@@ -164,7 +164,7 @@ def build_aeasgd(args, cluster, x, y, num_classes=10):
         centre = model_params(x.shape[1:], args.hidden, args.seed, num_classes)
     with tf.compat.v1.device(worker):
         # every worker starts from the centre, once the chief has initialised it (the session
-        # waits for that: Worker.start); after that it never copies the centre again
+        # creator waits for that: StartOrRejoin); after that it never copies the centre again
         local_params = worker_variables("local", centre, lambda c: c.read_value())
         loss = model_loss(local_params, x, y)
         gradients = tf.gradients(loss, list(local_params.values()))

@@ -129,7 +129,7 @@ def build_downpour(args, cluster, x, y, num_classes=10):
     with tf.compat.v1.device(on_the_ps):
         global_step = tf.compat.v1.train.get_or_create_global_step()
         global_params = model_params(x.shape[1:], args.hidden, args.seed, num_classes)
-    with tf.compat.v1.device(worker):  # local_params read the ps: Worker.start waits for it
+    with tf.compat.v1.device(worker):  # local_params read the ps: StartOrRejoin waits for it
         local_params = worker_variables("local", global_params, lambda p: p.read_value())
         accumulated = worker_variables("accumulated", global_params, lambda p: tf.zeros(p.shape))
         loss = model_loss(local_params, x, y)

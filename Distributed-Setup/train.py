@@ -6,7 +6,8 @@ What it teaches
     new is a cluster (ClusterSpec), a server in every process (Server), variables placed on the
     parameter server (replica_device_setter), and a session on the worker's own server, in
     which the chief initialises the variables (or restores them) while the others wait for it
-    (Worker.start, below the banner). With more than one worker this is asynchronous SGD:
+    (TensorFlow's MonitoredSession, which Worker.session makes below the banner). With more
+    than one worker this is asynchronous SGD:
     each worker reads the current parameters, computes a gradient on its own mini-batch, and
     applies it.
 

@@ -268,7 +268,7 @@ def no_round_in_time(args, name):
 class SyncReplicasStart(object):
     """Sets a new session up for a SyncReplicasOptimizer, as its session hook would: this
     worker's local step and, on the chief, the thread that applies each aggregated step and
-    hands out its tokens. Made with the graph (before Worker.start finalises it); Worker.start
+    hands out its tokens. Made with the graph (before the session creator finalises it); an ExampleHook
     calls it on every new session, again after a restart. No tokens at the start (the hook's
     num_tokens=0), so the chief cannot race ahead alone while the others start; unlike the
     hook's queue runner, the thread never closes the token queue (after a ps restart that close
@@ -304,7 +304,7 @@ class SyncReplicasStart(object):
     def __call__(self, session, kept_variables):
         """kept_variables: the chief found the variables on the ps (Worker.kept_variables)."""
         optimizer = self.optimizer
-        # the hook's check that the variables are ready, made already by Worker.new_session:
+        # the hook's check that the variables are ready, made already by StartOrRejoin:
         # marked used, or TensorFlow logs an error that it never was when the process ends
         optimizer.ready_for_local_init_op.mark_used()
         if self.is_chief and kept_variables:
