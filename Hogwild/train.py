@@ -1130,19 +1130,27 @@ class Progress(Hook):
         self.timed_from_step, self.progress_steps = self.step, self.worker.local_steps
 
     def before_run(self, run_context):
-        fetches = tf.nest.flatten(run_context.original_args.fetches)
-        if any(fetch is self.update for fetch in fetches):  # a step, not a read
+        """A run of the update is a step; the loss and the global step are fetched with the
+        first and with each that ends a --log_every interval, not with every one (a fetch costs
+        on every step)."""
+        worker, fetches = self.worker, tf.nest.flatten(run_context.original_args.fetches)
+        self.updating = any(fetch is self.update for fetch in fetches)  # not a read
+        after = worker.local_steps + worker.steps_per_update
+        if self.updating and (worker.local_steps == 0 or worker.local_steps //
+                              worker.args.log_every != after // worker.args.log_every):
             return tf.compat.v1.train.SessionRunArgs({"loss": self.loss, "step": self.update})
         return None
 
     def after_run(self, run_context, run_values):
         """Count the update; every --log_every local steps a progress line."""
-        if run_values.results is None:
+        worker = self.worker
+        if not self.updating:
             return
-        worker, loss = self.worker, float(run_values.results["loss"])
-        self.step = int(run_values.results["step"])
         before = worker.local_steps
         worker.local_steps += worker.steps_per_update
+        if run_values.results is None:
+            return
+        loss, self.step = float(run_values.results["loss"]), int(run_values.results["step"])
         if before == 0:  # the clock starts as the first update returns (start_clock)
             self.start_clock()
         if before // worker.args.log_every == worker.local_steps // worker.args.log_every:
