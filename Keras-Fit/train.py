@@ -157,9 +157,11 @@ def build_fit(args, cluster, data):
     def dataset_fn(context):  # on each worker, for its own part of the training set
         if args.strategy == "parameter_server":  # every worker's context says pipeline 0 of 1
             worker = tf.distribute.coordinator.experimental_get_current_worker_index()
-            return training_dataset(data, args.batch_size, worker, workers, args.seed)
-        return training_dataset(data, args.batch_size, context.input_pipeline_id,
-                                context.num_input_pipelines, args.seed)
+        else:  # pipeline i of N: worker i's
+            worker = context.input_pipeline_id
+        tf.print(tf.strings.format("[worker{}] training on shard {} of {}", (
+            worker, worker, workers)))  # printed by the worker, each time it makes its dataset
+        return training_dataset(data, args.batch_size, worker, workers, args.seed)
     with strategy.scope():  # the variables: on the ps, or a copy on every worker
         model = build_model(example_shape(data), data.num_classes, args.hidden, args.seed,
                             learning_rate, args.steps_per_execution)
@@ -176,20 +178,35 @@ def train(args, cluster, data):
                                             and args.task_index == 0)
     last_step = math.ceil(args.steps / fit.minibatches_per_step)  # --steps counts mini-batches
     progress = progress_callback(args, cluster, data, is_chief, fit.minibatches_per_step)
-    backup = keras.callbacks.BackupAndRestore(
-        os.path.join(args.log_dir, "backup"), delete_checkpoint=False,  # a rerun resumes
-        save_freq="epoch" if args.strategy == "parameter_server" else max(
-            1, args.backup_every // args.steps_per_execution))  # counted in calls of K steps
     try:
         fit.model.fit(fit.inputs, epochs=math.ceil(last_step / args.log_every),
                       steps_per_epoch=args.log_every, verbose=0, callbacks=[
-                          backup, keras.callbacks.TensorBoard(args.log_dir, write_graph=False),
+                          backup_and_restore(args),  # a rerun resumes from its backup
+                          keras.callbacks.TensorBoard(args.log_dir, write_graph=False),
                           progress])
     except tf.errors.UnavailableError:
         end_if_a_ps_is_lost(args, cluster)  # a ps cannot come back: say so, and how to resume
         raise
     save_model(args, fit.model, is_chief)
     return progress.end(int(fit.model.optimizer.iterations.numpy()))
+
+
+def backup_and_restore(args):
+    """tf_keras's BackupAndRestore, in log_dir/backup, kept at the end (a rerun with more
+    --steps trains on). Under ParameterServerStrategy it backs up at every epoch's end only
+    (tf_keras skips its batch hooks there); otherwise every --backup_every steps, mid-epoch too,
+    with one correction: tf_keras 2.21 records the step a call of K steps began at, so a rerun
+    resumed K - 1 steps early in its epoch and trained K - 1 mini-batches more than asked.
+    Here it records the step the call ended at."""
+    class AtTheStepReached(keras.callbacks.BackupAndRestore):
+        def on_train_batch_end(self, batch, logs=None):  # batch: the call's last step
+            if self.save_freq != "epoch":
+                self._training_state._ckpt_saved_batch.assign(batch)
+            super().on_train_batch_end(batch, logs)
+    every = "epoch" if args.strategy == "parameter_server" else max(
+        1, args.backup_every // args.steps_per_execution)  # counted in calls of K steps
+    return AtTheStepReached(os.path.join(args.log_dir, "backup"), save_freq=every,
+                            delete_checkpoint=False)
 
 
 def save_model(args, model, is_chief):
