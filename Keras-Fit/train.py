@@ -23,8 +23,8 @@ The update rule (the same as the custom loops beside it: ../ParameterServerStrat
             params <- params - N * learning_rate * all-reduce mean(g_1 .. g_N)  # every copy
         (synchronous; optimizer.iterations counts steps of N mini-batches; the rate is scaled
         by N, the linear scaling rule, as in ../MultiWorkerMirroredStrategy)
-    An epoch is --log_every steps: the dataset repeats for ever, so Keras needs a length, and
-    its epoch ends are where the progress lines, the test metrics and the backups happen.
+    The dataset repeats for ever, so Keras needs an epoch's length: under ParameterServerStrategy
+    --backup_every steps (it backs up only at an epoch's end), else --log_every steps.
 
 Run it
     bash run.sh                                         # a coordinator, 1 ps and 2 workers
@@ -179,10 +179,13 @@ def train(args, cluster, data):
     is_chief = args.job_name == "chief" or (args.strategy != "parameter_server"
                                             and args.task_index == 0)
     last_step = math.ceil(args.steps / fit.minibatches_per_step)  # --steps counts mini-batches
-    progress = progress_callback(args, cluster, data, is_chief, fit.minibatches_per_step)
+    # an epoch: where ParameterServerStrategy's backups happen; mirrored ones happen mid-epoch
+    epoch = args.backup_every if args.strategy == "parameter_server" else args.log_every
+    progress = progress_callback(args, cluster, data, is_chief, fit.minibatches_per_step,
+                                 last_step)
     try:
-        fit.model.fit(fit.inputs, epochs=math.ceil(last_step / args.log_every),
-                      steps_per_epoch=args.log_every, verbose=0, callbacks=[
+        fit.model.fit(fit.inputs, epochs=math.ceil(last_step / epoch), steps_per_epoch=epoch,
+                      verbose=0, callbacks=[
                           backup_and_restore(args),  # a rerun resumes from its backup
                           keras.callbacks.TensorBoard(args.log_dir, write_graph=False),
                           progress])
@@ -196,22 +199,15 @@ def train(args, cluster, data):
 def backup_and_restore(args):
     """tf_keras's BackupAndRestore, in log_dir/backup, kept at the end. Under
     ParameterServerStrategy it backs up only at an epoch's end (tf_keras skips its batch hooks
-    there): here at the first epoch's end after every --backup_every steps, and the last (each
-    backup reads every variable from the ps while the workers wait). Otherwise every
-    --backup_every steps, mid-epoch too, with one correction: tf_keras 2.21 records the step a
-    call of K steps began at, so a rerun resumed K - 1 steps early in its epoch and trained
-    K - 1 mini-batches more than asked. Here it records the step the call ended at."""
-    epochs_per_backup = math.ceil(args.backup_every / args.log_every)
-
+    there), so an epoch is --backup_every steps. Otherwise every --backup_every steps, mid-epoch
+    too, with one correction: tf_keras 2.21 records the step a call of K steps began at, so a
+    rerun resumed K - 1 steps early in its epoch and trained K - 1 mini-batches more than
+    asked. Here it records the step the call ended at."""
     class AtTheStepReached(keras.callbacks.BackupAndRestore):
         def on_train_batch_end(self, batch, logs=None):  # batch: the call's last step
             if self.save_freq != "epoch":
                 self._training_state._ckpt_saved_batch.assign(batch)
             super().on_train_batch_end(batch, logs)
-
-        def on_epoch_end(self, epoch, logs=None):  # every --backup_every steps, and the last
-            if (epoch + 1) % epochs_per_backup == 0 or epoch + 1 == self.params["epochs"]:
-                super().on_epoch_end(epoch, logs)
     every = "epoch" if args.strategy == "parameter_server" else max(
         1, args.backup_every // args.steps_per_execution)  # counted in calls of K steps
     return AtTheStepReached(os.path.join(args.log_dir, "backup"), save_freq=every,
@@ -244,10 +240,14 @@ def end_if_a_ps_is_lost(args, cluster):
         os._exit(2)  # the coordinator's threads would keep an ordinary exit waiting
 
 
-def progress_callback(args, cluster, data, is_chief, minibatches_per_step):
-    """A tf_keras Callback (its class made here, once TensorFlow has loaded): the clock, the
-    progress lines at each epoch's end (the chief's with the test metrics, also to
-    TensorBoard), and the summary line at the end (end())."""
+def progress_callback(args, cluster, data, is_chief, minibatches_per_step, last_step):
+    """A tf_keras Callback (its class made here, once TensorFlow has loaded): the clock, a
+    progress line every --log_every steps (the chief's with the test metrics, also to
+    TensorBoard), the end of training at last_step (Keras runs whole epochs unless a callback
+    sets model.stop_training), and the summary line at the end (end()). Its lines come from
+    the batch hook, not the epoch's end: under ParameterServerStrategy an epoch's end waits
+    for every scheduled call, and the workers would idle while the chief evaluates; here it
+    waits for the one call it reads the loss of, as the custom loop does."""
     role = "%s%d" % (args.job_name, args.task_index)
 
     class Progress(keras.callbacks.Callback):
@@ -257,13 +257,13 @@ def progress_callback(args, cluster, data, is_chief, minibatches_per_step):
             # ParameterServerStrategy), or Keras would wait for every call to read them
             self._supports_tf_logs = True
             self.writer = tf.summary.create_file_writer(args.log_dir) if is_chief else None
-            self.history, self.clock_started = [], False
+            self.history, self.clock_started, self.epoch = [], False, 0
 
         def global_step(self):
             return int(self.model.optimizer.iterations.numpy())
 
         def on_train_begin(self, logs=None):  # after BackupAndRestore has restored
-            self.start_step = self.global_step()
+            self.start_step = self.last_line = self.global_step()
             if self.start_step:
                 print("[%s] resuming from the backup at global step %d" % (role, self.start_step),
                       flush=True)
@@ -274,14 +274,20 @@ def progress_callback(args, cluster, data, is_chief, minibatches_per_step):
             self.started = self.progress_time = time.time()
             self.timed_from_step = self.progress_step = global_step
 
-        def on_train_batch_end(self, batch, logs=None):
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
+
+        def on_train_batch_end(self, batch, logs=None):  # batch: the call's last step
             if not self.clock_started:  # the first call traced, sent and run: the clock starts
-                if hasattr(logs, "fetch"):  # a RemoteValue: wait for its call to return
-                    logs.fetch()
-                else:  # tensors: reading them waits for the step
-                    tf.nest.map_structure(np.asarray, logs)
+                returned(logs)
                 self.start_clock(self.global_step())
                 self.clock_started = True
+            reached = self.epoch * self.params["steps"] + batch + 1  # once this call has run
+            if reached // args.log_every > self.last_line // args.log_every:
+                self.progress(float(returned(logs)["loss"]))
+                self.last_line = reached
+            if reached >= last_step:
+                self.model.stop_training = True
 
         def evaluate(self, global_step, loss=None):
             totals, examples = {}, 0
@@ -299,12 +305,12 @@ def progress_callback(args, cluster, data, is_chief, minibatches_per_step):
                     tf.summary.scalar("loss", loss, step=global_step)
             return metrics
 
-        def on_epoch_end(self, epoch, logs=None):
+        def progress(self, loss):  # loss: the epoch's mean so far
             global_step = self.global_step()
             rate = (global_step - self.progress_step) / (time.time() - self.progress_time)
-            line = "[%s] global_step=%d loss=%.4f" % (role, global_step, logs["loss"])
+            line = "[%s] global_step=%d loss=%.4f" % (role, global_step, loss)
             if is_chief:
-                for name, value in self.evaluate(global_step, logs["loss"]).items():
+                for name, value in self.evaluate(global_step, loss).items():
                     line += " test_%s=%.4f" % (name, value)
             print(line + " steps_per_sec=%.1f" % (rate * minibatches_per_step), flush=True)
             self.progress_step, self.progress_time = global_step, time.time()
@@ -334,6 +340,14 @@ def progress_callback(args, cluster, data, is_chief, minibatches_per_step):
             print_summary(role, summary, self.history, args.metrics_file)
             return 0
     return Progress()
+
+
+def returned(logs):
+    """A call's logs once it has returned: a RemoteValue's (ParameterServerStrategy) fetched,
+    tensors read."""
+    if hasattr(logs, "fetch"):
+        return logs.fetch()
+    return tf.nest.map_structure(np.asarray, logs)
 
 
 def main(argv=None):
