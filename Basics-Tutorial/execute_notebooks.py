@@ -4,12 +4,12 @@
     python Basics-Tutorial/execute_notebooks.py Servers      # only the ones whose path contains "Servers"
 
 The committed notebooks keep the outputs of a real run of this script, so that they read well
-on GitHub without being run. Each notebook gets a fresh kernel. The three 4-Multiple-Workers
+on GitHub without being run. Each notebook gets a fresh kernel. The three 5-Multiple-Workers
 notebooks form one cluster, so they run at the same time, each in its own kernel, on ports
 passed through DTFG_PS_PORT, DTFG_WORKER0_PORT and DTFG_WORKER1_PORT: the documented defaults
 2222-2224 when they are free, otherwise free ports picked now.
 
-A notebook is written back only if every cell ran without error (for 4-Multiple-Workers: only if
+A notebook is written back only if every cell ran without error (for 5-Multiple-Workers: only if
 all three did). TensorFlow's start-up lines (oneDNN, CUDA probing, CPU features), which its log
 level setting cannot silence, are removed from the saved outputs; any other stderr output stays.
 """
@@ -31,15 +31,16 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SINGLE_NOTEBOOKS = [
     "1-Servers.ipynb",
     "2-Parameter-Server.ipynb",
-    "3-Local-then-Global-Variables.ipynb",
-    "5-Starting-a-Run.ipynb",
-    "6-Synchronous-SGD.ipynb",
-    "7-Devices-and-In-Graph-Replication.ipynb",
+    "3-Asynchronous-Updates.ipynb",
+    "4-Local-then-Global-Variables.ipynb",
+    "6-Starting-a-Run.ipynb",
+    "7-Synchronous-SGD.ipynb",
+    "8-Devices-and-In-Graph-Replication.ipynb",
 ]
 MULTIPLE_WORKERS = [
-    "4-Multiple-Workers/PS-Task.ipynb",
-    "4-Multiple-Workers/Worker-0.ipynb",
-    "4-Multiple-Workers/Worker-1.ipynb",
+    "5-Multiple-Workers/PS-Task.ipynb",
+    "5-Multiple-Workers/Worker-0.ipynb",
+    "5-Multiple-Workers/Worker-1.ipynb",
 ]
 DEFAULT_PORTS = {"DTFG_PS_PORT": 2222, "DTFG_WORKER0_PORT": 2223, "DTFG_WORKER1_PORT": 2224}
 
@@ -143,7 +144,7 @@ async def run_all(selected, timeout):
         else:
             for path, nb in zip(paths, results):
                 nbformat.write(nb, path)
-            print("ok     %-45s %5.1f s" % ("4-Multiple-Workers/ (3 notebooks together)", time.monotonic() - started))
+            print("ok     %-45s %5.1f s" % ("5-Multiple-Workers/ (3 notebooks together)", time.monotonic() - started))
     return failures
 
 

@@ -81,9 +81,9 @@ def training_dataset(data, batch_size, worker_index, num_workers, seed):
 
 # >>> shared: graph batches
 def training_batches(data, batch_size, worker_index, num_workers, seed):
-    """The next mini-batch of training_dataset, as tensors of the graph (no feed_dict)."""
-    ds = training_dataset(data, batch_size, worker_index, num_workers, seed)
-    return tf.compat.v1.data.make_one_shot_iterator(ds).get_next()
+    """The next mini-batch of training_dataset, tensors of the graph: see session_stream."""
+    return session_stream(lambda session_seed: training_dataset(
+        data, batch_size, worker_index, num_workers, session_seed), seed, worker_index)
 # <<< shared: graph batches
 
 
@@ -149,11 +149,13 @@ def train(args, data):
     x, y = training_batches(data, args.batch_size, 0, 1, args.seed)  # all of it: one "worker"
     sgd = build_sgd(args, x, y, data.num_classes)
     run = Run(args, lambda x, y: model_metrics(sgd.params, x, y), data)
-    # a session in this process: restore the last checkpoint, or initialise the variables
-    session = run.start()
-    while run.step < args.steps:  # the global step, as the last update left it
-        run.after_update(session, *session.run([sgd.loss, sgd.step]))  # progress, checkpoints
-    return run.end(session)
+    # TensorFlow's MonitoredTrainingSession in this process: it restores the last checkpoint
+    # or initialises the variables; its hooks stop at --steps of the global step, save
+    # checkpoints and print progress
+    with run.session(sgd.loss, sgd.step, last_step=args.steps) as session:
+        while not session.should_stop():
+            session.run(sgd.step)
+    return 0
 
 
 def main(argv=None):
@@ -178,13 +180,16 @@ def main(argv=None):
 #   3. the test metrics over the test set, in batches; TensorBoard
 #                                test_metrics_in_batches, tensorboard_summary
 #   4. the data's way in: TFRecord files; arrays that are no constant of the graph; the test set
-#      in batches; a Keras model's weights as the parameters
-#                                read_records, records_dataset, arrays_dataset, example_shape,
-#                                test_batches, record_batches, keras_params, keras_logits
-#   5. the run: its session (the last checkpoint restored, or the variables initialised),
-#      progress lines, checkpoints, the summary; what Distributed-Setup's Worker does, on one
-#      process
-#                                Run
+#      in batches; each session's order of the training stream; a Keras model's weights as the
+#      parameters
+#                                read_records, check_shards, count_records, records_dataset,
+#                                parse_records, arrays_dataset, example_shape, test_batches,
+#                                record_batches, session_stream, start_the_data, keras_params,
+#                                keras_logits
+#   5. the run: TensorFlow's MonitoredTrainingSession (the last checkpoint restored, or the
+#      variables initialised; checkpoints), with StopAtStepHook and a hook of this file's for
+#      the progress lines and the summary; what Distributed-Setup's Worker does, on one process
+#                                Run, Hook, Progress
 # >>> shared: flags
 def fail(message):
     """One line on stderr and exit status 2: for bad input and lost peers, never for bugs."""
@@ -339,18 +344,27 @@ def read_records(path):
     training files, as tools/npz_to_tfrecord.py writes them: train-*.tfrecord and
     test-*.tfrecord, each record a tf.train.Example with the features x (the example's array,
     its raw bytes) and y (its label: int64 for classes, float for a regression), and meta.json
-    (x_shape, x_dtype, x_scale: x is divided by it; num_classes: null for a regression)."""
+    (x_shape, x_dtype, x_scale: x is divided by it; num_classes: null for a regression;
+    train_examples and test_examples). The files of each part are all N of one write
+    (PART-K-of-N), holding the examples meta.json counts: never a glob's test files, nor an
+    older write's files left in the folder, trained on."""
     if os.path.isdir(path):
         folder, train_files = path, sorted(glob.glob(os.path.join(path, "train-*.tfrecord")))
     else:
         train_files = sorted(glob.glob(path))
         folder = os.path.dirname(train_files[0]) if train_files else os.path.dirname(path)
+    tested = [f for f in train_files if os.path.basename(f).startswith("test-")]
+    if tested:  # a glob as broad as DIR/*.tfrecord
+        fail("%s takes test files (%s) as training files: give the folder, or a glob of its "
+             "train-*.tfrecord" % (path, os.path.basename(tested[0])))
     if not train_files:
         fail("%s: no training files (train-*.tfrecord): give an .npz, or a folder of TFRecord "
              "files that tools/npz_to_tfrecord.py wrote" % path)
     test_files = sorted(glob.glob(os.path.join(folder, "test-*.tfrecord")))
     if not test_files:
         fail("%s: no test files (test-*.tfrecord) beside the training files" % folder)
+    check_shards(folder, train_files, "train")  # one write's, whole: not two writes' mixed
+    check_shards(folder, test_files, "test")
     try:
         with open(os.path.join(folder, "meta.json")) as f:
             meta = json.load(f)
@@ -359,13 +373,40 @@ def read_records(path):
     except (OSError, ValueError, KeyError, TypeError) as e:
         fail("%s: no readable meta.json (%s: %s) beside the TFRecord files: write them with "
              "python tools/npz_to_tfrecord.py DATA.npz FOLDER" % (folder, type(e).__name__, e))
-    for name in train_files + test_files:  # a TFRecord: the first record's length, then its data
-        with open(name, "rb") as f:
-            header = f.read(12)
-        length = int.from_bytes(header[:8], "little") if len(header) == 12 else -1
-        if not 0 < length <= os.path.getsize(name) - 16:
-            fail("%s is not a TFRecord file (tools/npz_to_tfrecord.py writes them)" % name)
+    counts = {part: sum(count_records(name) for name in files)
+              for part, files in (("train", train_files), ("test", test_files))}
+    for part in ("train", "test"):
+        if meta.get(part + "_examples", counts[part]) != counts[part]:
+            fail("%s: its %s files hold %d examples, meta.json says %d: files of another "
+                 "write? Write the folder again, into an empty one (tools/npz_to_tfrecord.py)"
+                 % (folder, part, counts[part], meta[part + "_examples"]))
     return Records(train_files, test_files, shape, dtype, scale, num_classes)
+
+
+def check_shards(folder, files, part):
+    """files are one write's PART-K-of-N.tfrecord, all N of them: not two writes' mixed."""
+    totals = sorted({os.path.basename(f).rsplit("-of-", 1)[-1].split(".")[0] for f in files})
+    if len(totals) != 1 or not totals[0].isdigit() or int(totals[0]) != len(files):
+        fail("%s: its %s files are not the %s of one write (%d file(s), %s): write the folder "
+             "again, into an empty one (tools/npz_to_tfrecord.py)" % (
+                 folder, part, "N files -of-N" if len(totals) == 1 else "same -of-N",
+                 len(files), " and ".join("-of-" + t for t in totals)))
+
+
+def count_records(name):
+    """The records in a TFRecord file, read from their headers alone (each: its length, 8
+    bytes, and its checksum, 4; then the data and its checksum). Not one: a one-line error."""
+    size, records, offset = os.path.getsize(name), 0, 0
+    with open(name, "rb") as f:
+        while offset < size:
+            header = f.read(12)
+            length = int.from_bytes(header[:8], "little") if len(header) == 12 else -1
+            if not 0 < length <= size - offset - 16:
+                fail("%s is not a TFRecord file (tools/npz_to_tfrecord.py writes them)" % name)
+            offset += 16 + length
+            f.seek(offset)
+            records += 1
+    return records
 
 
 def records_dataset(data, batch_size, worker_index, num_workers, seed):
@@ -379,20 +420,30 @@ def records_dataset(data, batch_size, worker_index, num_workers, seed):
              % (len(data.train_files), num_workers, num_workers))
     if isinstance(worker_index, int):
         mine = data.train_files[worker_index::num_workers]
-        print("[worker%d] reading %d of %d training files: %s" % (worker_index, len(mine), len(
-            data.train_files), ",".join(os.path.basename(f) for f in mine)), flush=True)
+        uneven = len(data.train_files) % num_workers
+        print("[worker%d] reading %d of %d training files: %s%s" % (
+            worker_index, len(mine), len(data.train_files), ",".join(
+                os.path.basename(f) for f in mine), "" if not uneven else (
+                " (uneven: %d files over %d workers, so the examples of a worker with fewer "
+                "files come more often; write a multiple of %d shards)" % (
+                    len(data.train_files), num_workers, num_workers))), flush=True)
     files = tf.data.Dataset.from_tensor_slices(data.train_files).shard(num_workers, worker_index)
     records = files.shuffle(len(data.train_files), seed=seed).interleave(
         tf.data.TFRecordDataset, cycle_length=4, num_parallel_calls=tf.data.AUTOTUNE)
     records = records.shuffle(10000, seed=seed).repeat().batch(batch_size, drop_remainder=True)
+    return records.map(parse_records(data), tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
 
-    def parse(serialized):  # a batch of tf.train.Examples: x in float32, scaled, and y
+
+def parse_records(data):
+    """The parser of a batch of the files' records (tf.train.Examples): x in float32, scaled
+    to [0, 1], and y. Training and the chief's test set read the files through this one."""
+    def parse(serialized):
         features = tf.io.parse_example(serialized, {
             "x": tf.io.FixedLenFeature([], tf.string),
             "y": tf.io.FixedLenFeature([], tf.int64 if data.num_classes else tf.float32)})
         x = tf.reshape(tf.io.decode_raw(features["x"], data.dtype), (-1,) + data.shape)
         return tf.cast(x, tf.float32) / data.scale, features["y"]
-    return records.map(parse, tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
+    return parse
 
 
 def arrays_dataset(x, y, worker_index, num_workers, seed):
@@ -432,21 +483,41 @@ def test_batches(test_set, size=1000):
 
 
 def record_batches(data, size):
-    """The test files' examples, size at a time, parsed in Python as they are read."""
-    def batch(xs, ys):
-        x = np.stack(xs).reshape((-1,) + data.shape).astype(np.float32) / np.float32(data.scale)
-        return x, np.array(ys, np.int64 if data.num_classes else np.float32)
-    xs, ys = [], []
-    for name in data.test_files:
-        for record in tf.compat.v1.io.tf_record_iterator(name):
-            feature = tf.train.Example.FromString(record).features.feature
-            xs.append(np.frombuffer(feature["x"].bytes_list.value[0], data.dtype))
-            ys.append((feature["y"].int64_list.value or feature["y"].float_list.value)[0])
-            if len(xs) == size:
-                yield batch(xs, ys)
-                xs, ys = [], []
-    if xs:
-        yield batch(xs, ys)
+    """The test files' examples, size at a time, as they stream from the files: a
+    TFRecordDataset parsed as training parses them (parse_records), in a graph of its own."""
+    with tf.Graph().as_default():
+        batches = tf.data.TFRecordDataset(data.test_files).batch(size).map(parse_records(data))
+        next_batch = tf.compat.v1.data.make_one_shot_iterator(batches).get_next()
+        with tf.compat.v1.Session() as session:
+            while True:
+                try:
+                    x, y = session.run(next_batch)
+                except tf.errors.OutOfRangeError:
+                    return
+                yield x, y
+
+
+DATA_STARTS = ("data_starts", "data_start_steps")  # session_stream's: graph collections
+
+
+def session_stream(dataset, seed, worker_index):
+    """The next element of dataset(session_seed), as tensors of the graph. Every session starts
+    the stream anew (start_the_data), its seed drawn from seed, this worker and the global step
+    at the session's start: no two workers share an order, and after a restart or a resume a
+    worker does not replay the mini-batches it began with."""
+    start_step = tf.compat.v1.placeholder_with_default(np.int64(0), [], name="data_start_step")
+    iterator = tf.compat.v1.data.make_initializable_iterator(
+        dataset((seed * 1000 + worker_index) * 1000003 + start_step))
+    tf.compat.v1.add_to_collection(DATA_STARTS[0], iterator.initializer)
+    tf.compat.v1.add_to_collection(DATA_STARTS[1], start_step)
+    return iterator.get_next()
+
+
+def start_the_data(session, global_step):
+    """Start every training stream of the graph (session_stream) in a new session, at
+    global_step."""
+    starts, steps = (tf.compat.v1.get_collection(name) for name in DATA_STARTS)
+    session.run(starts, {step: global_step for step in steps})
 # <<< shared: data files
 
 
@@ -530,10 +601,10 @@ def tensorboard_summary(metrics, loss=None):
 class Run(object):
     """The one process's run, given what train() built: test_metrics(x, y), a dict of metric
     tensors for a batch of test examples (each a mean over the batch), and test_set (the data),
-    fed to it in batches. start: the session, in which the latest checkpoint in --log_dir is
-    restored, or the variables initialised. after_update: every --log_every steps a progress
-    line with the test metrics (to TensorBoard too), and a checkpoint every 30 s. end: a
-    checkpoint, the test metrics and the summary line."""
+    fed to it in batches. session(): TensorFlow's MonitoredTrainingSession in this process,
+    with --log_dir its checkpoint_dir (it restores the latest checkpoint, or initialises the
+    variables; it saves a checkpoint every 30 s and at the end) and two hooks:
+    StopAtStepHook (at last_step) and Progress (this file's)."""
     role = "local"
 
     def __init__(self, args, test_metrics, test_set):
@@ -543,27 +614,63 @@ class Run(object):
         self.test_x = tf.compat.v1.placeholder(x_test.dtype, (None,) + x_test.shape[1:])
         self.test_y = tf.compat.v1.placeholder(y_test.dtype, (None,) + y_test.shape[1:])
         self.test_metrics = test_metrics(self.test_x, self.test_y)
+
+    def session(self, loss, update, last_step):
+        """The session, with the loss and update of a step (update's value: the global step
+        after it) for the progress lines."""
+        print("[local] log_dir=%s" % self.args.log_dir, flush=True)
+        resumes = tf.train.latest_checkpoint(self.args.log_dir) is not None
+        hooks = [tf.compat.v1.train.StopAtStepHook(last_step=last_step),
+                 Progress(self, loss, update, resumes)]
+        return tf.compat.v1.train.MonitoredTrainingSession(
+            checkpoint_dir=self.args.log_dir, hooks=hooks, save_checkpoint_secs=30,
+            save_summaries_steps=None, save_summaries_secs=None, log_step_count_steps=None,
+            config=tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1))
+
+
+class Hook(object):
+    """tf.compat.v1.train.SessionRunHook's five methods, each doing nothing: the base of this
+    file's hook, which MonitoredSession calls as it calls TensorFlow's (TensorFlow loads after
+    the flags are checked, so no class here can derive from its own)."""
+
+    def begin(self):
+        pass
+
+    def after_create_session(self, session, coord):
+        pass
+
+    def before_run(self, run_context):
+        return None
+
+    def after_run(self, run_context, run_values):
+        pass
+
+    def end(self, session):
+        pass
+
+
+class Progress(Hook):
+    """The run's start (the training stream started in the session, start_the_data), then a
+    progress line with the test metrics every --log_every steps (to TensorBoard too), and at
+    the end the test metrics and the summary line: what Distributed-Setup's Progress does, on
+    one process. (TensorFlow's LoggingTensorHook prints a step's tensors, not metrics of a test
+    set fed in batches, nor a run's summary.)"""
+
+    def __init__(self, run, loss, update, resumes):
+        self.run, self.loss, self.update, self.resumes = run, loss, update, resumes
         self.local_steps, self.history = 0, []
 
-    def start(self):
-        args = self.args
-        self.saver = tf.compat.v1.train.Saver()  # every variable: the checkpoints
-        self.writer = tf.compat.v1.summary.FileWriter(args.log_dir,
-                                                      tf.compat.v1.get_default_graph())
-        print("[local] log_dir=%s" % args.log_dir, flush=True)
-        session = tf.compat.v1.Session()
-        checkpoint = tf.train.latest_checkpoint(args.log_dir)
-        if checkpoint:
-            self.saver.restore(session, checkpoint)
-            print("[local] resuming from the checkpoint at global step %d"
-                  % session.run(self.global_step), flush=True)
-        else:
-            session.run(tf.compat.v1.global_variables_initializer())
-        self.step = self.start_step = int(session.run(self.global_step))
-        self.last_checkpoint = 0  # the first evaluation saves
+    def begin(self):  # the writer MonitoredTrainingSession's CheckpointSaverHook uses
+        self.writer = tf.compat.v1.summary.FileWriterCache.get(self.run.args.log_dir)
+
+    def after_create_session(self, session, coord):
+        self.step = self.start_step = int(session.run(self.run.global_step))
+        if self.resumes:
+            print("[local] resuming from the checkpoint at global step %d" % self.step,
+                  flush=True)
+        start_the_data(session, self.step)  # a resumed run draws a new order, no replay
         self.start_clock()  # again at the first update
         print("[local] training started", flush=True)
-        return session
 
     def start_clock(self):
         """The run's clock (its rates, its history's seconds) starts once the first update has
@@ -571,55 +678,55 @@ class Run(object):
         self.start_time = self.progress_time = time.time()
         self.timed_from_step, self.progress_steps = self.step, self.local_steps
 
-    def after_update(self, session, loss, global_step):
-        """Count the update; every --log_every steps a progress line with the test metrics
-        (and, once every 30 s, a checkpoint)."""
-        self.step = int(global_step)
+    def before_run(self, run_context):
+        fetches = tf.nest.flatten(run_context.original_args.fetches)
+        if any(fetch is self.update for fetch in fetches):  # a step, not a read
+            return tf.compat.v1.train.SessionRunArgs({"loss": self.loss, "step": self.update})
+        return None
+
+    def after_run(self, run_context, run_values):
+        """Count the update; every --log_every steps a progress line with the test metrics."""
+        if run_values.results is None:
+            return
+        loss, self.step = float(run_values.results["loss"]), int(run_values.results["step"])
         self.local_steps += 1
         if self.local_steps == 1:  # the clock starts as the first update returns (start_clock)
             self.start_clock()
-        if self.local_steps % self.args.log_every:
+        if self.local_steps % self.run.args.log_every:
             return
         rate = (self.local_steps - self.progress_steps) / (time.time() - self.progress_time)
         line = "[local] local_step=%d global_step=%d loss=%.4f" % (
             self.local_steps, self.step, loss)
-        for name, value in self.evaluate(session, loss).items():
+        for name, value in self.evaluate(run_context.session, loss).items():
             line += " test_%s=%.4f" % (name, value)
-        if time.time() > self.last_checkpoint + 30:
-            self.save(session)
         print(line + " steps_per_sec=%.1f" % rate, flush=True)
         self.progress_steps, self.progress_time = self.local_steps, time.time()
 
-    def save(self, session):
-        """A checkpoint of every variable, in --log_dir (the last 5 are kept)."""
-        self.saver.save(session, os.path.join(self.args.log_dir, "model.ckpt"), self.step)
-        self.last_checkpoint = time.time()
-
     def evaluate(self, session, loss=None):
         """The test metrics over the test set, in batches; also to TensorBoard."""
-        metrics = test_metrics_in_batches(session, self.test_metrics, self.test_x, self.test_y,
-                                          self.test_set)
+        run = self.run
+        metrics = test_metrics_in_batches(session, run.test_metrics, run.test_x, run.test_y,
+                                          run.test_set)
         self.writer.add_summary(tensorboard_summary(metrics, loss), self.step)
         self.history.append([round(time.time() - self.start_time, 3), self.step]
                             + list(metrics.values()))
         return metrics
 
     def end(self, session):
-        """A checkpoint, the test metrics and the summary line."""
-        self.save(session)
+        """The test metrics and the summary line (the checkpoint: CheckpointSaverHook's end)."""
+        args = self.run.args
+        self.step = int(session.run(self.run.global_step))
         summary = dict(example=EXAMPLE)
-        for name, value in self.evaluate(session).items():  # what it saved
+        for name, value in self.evaluate(session).items():  # what it saves
             summary["test_" + name] = value
         updates, seconds = self.step - self.start_step, time.time() - self.start_time
         rate = (self.step - self.timed_from_step) / seconds
         summary.update(global_step=self.step, workers=1, ps=0, lost_workers=0,
                        local_steps=[updates], updates=updates, timed_from_step=self.timed_from_step,
                        timed_seconds=seconds, steps_per_sec=rate,
-                       examples_per_sec=rate * self.args.batch_size, log_dir=self.args.log_dir)
-        print_summary(self.role, summary, self.history, self.args.metrics_file)
-        self.writer.close()
-        session.close()
-        return 0
+                       examples_per_sec=rate * args.batch_size, log_dir=args.log_dir)
+        print_summary(self.run.role, summary, self.history, args.metrics_file)
+        self.writer.flush()
 # <<< shared: local run
 
 

@@ -98,9 +98,9 @@ def training_dataset(data, batch_size, worker_index, num_workers, seed):
 
 # >>> shared: graph batches
 def training_batches(data, batch_size, worker_index, num_workers, seed):
-    """The next mini-batch of training_dataset, as tensors of the graph (no feed_dict)."""
-    ds = training_dataset(data, batch_size, worker_index, num_workers, seed)
-    return tf.compat.v1.data.make_one_shot_iterator(ds).get_next()
+    """The next mini-batch of training_dataset, tensors of the graph: see session_stream."""
+    return session_stream(lambda session_seed: training_dataset(
+        data, batch_size, worker_index, num_workers, session_seed), seed, worker_index)
 # <<< shared: graph batches
 
 
@@ -185,11 +185,12 @@ def train(args, cluster, server, data):
     with tf.compat.v1.device("/job:worker/task:%d" % args.task_index):
         test_logits = model_logits(sgd.global_params, data.x_test)
         test_auc, best_auc = auc(test_logits, data.y_test), auc(data.best_scores, data.y_test)
-    session = worker.start(server)
-    while worker.step < args.steps:  # the global step, as this worker's last update left it
-        worker.after_update(session, *session.run([sgd.loss, sgd.step]))
-    return worker.end(session, test_auc=test_auc, best_auc=best_auc, rows=args.rows,
-                      dim=args.dim, gradients="dense" if args.dense_gradients else "sparse")
+    with worker.session(server, sgd.loss, sgd.step, last_step=args.steps, test_auc=test_auc,
+                        best_auc=best_auc, rows=args.rows, dim=args.dim,
+                        gradients="dense" if args.dense_gradients else "sparse") as session:
+        while not session.should_stop():
+            session.run(sgd.step)
+    return 0
 
 
 # >>> shared: auc
@@ -230,34 +231,37 @@ def main(argv=None):
 # ==================================================================================================
 # Plumbing shared by every example (what a job needs besides its algorithm)
 # ==================================================================================================
-# train() hands this part what it built: the step's results, the test metrics and the test set;
-# nothing here knows the data, the model or the algorithm. Checkpoints: the chief restores the
-# latest in --log_dir when it starts (Worker.start) and saves one every 30 s and at the end
-# (Worker.save). In this order; the same text in every train.py that runs on a ps (a test keeps
-# the copies equal):
+# train() hands this part what it built: the step's tensors, the test metrics and the test set;
+# nothing here knows the data, the model or the algorithm. The session is TensorFlow's
+# MonitoredSession: a session creator on SessionManager, TensorFlow's hooks (StopAtStepHook,
+# CheckpointSaverHook: the chief saves every 30 s and at the end) and hooks of this file's for
+# what TensorFlow lacks. In this order; the same text in every train.py that runs on a ps (a
+# test keeps the copies equal):
 #   1. flags, each number of its type, and the cluster from them  parse_flags, number_type,
 #      or from TF_CONFIG; --data_path's file, checked             resolve_cluster, check_cluster,
 #                                                                  read_npz, Pixels, as_float32
 #   2. each variable cut into a slice per ps, if asked            sharded_over_the_ps
 #   3. a failure ends the task in one line                        errors_in_one_line, fail, cause
-#   4. the start-up: a worker waits for the ps, then for the      reach_the_ps, wait_for,
-#      chief, who restores the latest checkpoint or initialises   is_listening, Worker
-#      where the ps lacks the variables
-#   5. progress lines; the chief's checkpoints and its test
-#      metrics over the test set, in batches, to TensorBoard too  Worker.after_update, save,
-#                                                                  test_metrics_in_batches,
+#   4. the session: a worker waits for the ps, then for the       Worker, reach_the_ps, wait_for,
+#      chief, who restores the latest checkpoint or initialises   is_listening, StartOrRejoin,
+#      where the ps lacks the variables; after a step lost to a   Hook, ExampleHook
+#      restarted task, a new session, set up again
+#   5. progress lines; the chief's test metrics over the test
+#      set, in batches, to TensorBoard too                         Progress, test_metrics_in_batches,
 #                                                                  tensorboard_summary
 #   6. the end: the chief waits for the others, names any it
 #      lost, prints the summary line and ends the run; a ps
-#      serves until then (a TensorFlow server never ends itself)  Worker.end, print_summary,
-#                                                                  serve, run_over_flag
-#   7. restarts: a step lost to a restarted task runs again on a
-#      new session, set up again; a worker whose steps stop
-#      (--watchdog) exits, for its restart policy to start again  RecoveringSession
-#   8. the data's way in: TFRecord files, each worker reading      read_records, records_dataset,
-#      its own; arrays that are no constant of the graph; the     arrays_dataset, example_shape,
-#      test set in batches; a Keras model's weights as the        test_batches, record_batches,
-#      parameters                                                 keras_params, keras_logits
+#      serves until then (a TensorFlow server never ends itself)  RunStatus, print_summary, serve,
+#                                                                  run_over_flag
+#   7. a worker whose steps stop (--watchdog) exits, for its
+#      restart policy to start it again                           Watchdog
+#   8. the data's way in: TFRecord files, each worker reading      read_records, check_shards,
+#      its own; arrays that are no constant of the graph; the     count_records, records_dataset,
+#      test set in batches; each session's order of the           parse_records, arrays_dataset,
+#      training stream; a Keras model's weights as the            example_shape, test_batches,
+#      parameters                                                 record_batches, session_stream,
+#                                                                  start_the_data, keras_params,
+#                                                                  keras_logits
 # >>> shared: flags
 def fail(message):
     """One line on stderr and exit status 2: for bad input and lost peers, never for bugs."""
@@ -412,18 +416,27 @@ def read_records(path):
     training files, as tools/npz_to_tfrecord.py writes them: train-*.tfrecord and
     test-*.tfrecord, each record a tf.train.Example with the features x (the example's array,
     its raw bytes) and y (its label: int64 for classes, float for a regression), and meta.json
-    (x_shape, x_dtype, x_scale: x is divided by it; num_classes: null for a regression)."""
+    (x_shape, x_dtype, x_scale: x is divided by it; num_classes: null for a regression;
+    train_examples and test_examples). The files of each part are all N of one write
+    (PART-K-of-N), holding the examples meta.json counts: never a glob's test files, nor an
+    older write's files left in the folder, trained on."""
     if os.path.isdir(path):
         folder, train_files = path, sorted(glob.glob(os.path.join(path, "train-*.tfrecord")))
     else:
         train_files = sorted(glob.glob(path))
         folder = os.path.dirname(train_files[0]) if train_files else os.path.dirname(path)
+    tested = [f for f in train_files if os.path.basename(f).startswith("test-")]
+    if tested:  # a glob as broad as DIR/*.tfrecord
+        fail("%s takes test files (%s) as training files: give the folder, or a glob of its "
+             "train-*.tfrecord" % (path, os.path.basename(tested[0])))
     if not train_files:
         fail("%s: no training files (train-*.tfrecord): give an .npz, or a folder of TFRecord "
              "files that tools/npz_to_tfrecord.py wrote" % path)
     test_files = sorted(glob.glob(os.path.join(folder, "test-*.tfrecord")))
     if not test_files:
         fail("%s: no test files (test-*.tfrecord) beside the training files" % folder)
+    check_shards(folder, train_files, "train")  # one write's, whole: not two writes' mixed
+    check_shards(folder, test_files, "test")
     try:
         with open(os.path.join(folder, "meta.json")) as f:
             meta = json.load(f)
@@ -432,13 +445,40 @@ def read_records(path):
     except (OSError, ValueError, KeyError, TypeError) as e:
         fail("%s: no readable meta.json (%s: %s) beside the TFRecord files: write them with "
              "python tools/npz_to_tfrecord.py DATA.npz FOLDER" % (folder, type(e).__name__, e))
-    for name in train_files + test_files:  # a TFRecord: the first record's length, then its data
-        with open(name, "rb") as f:
-            header = f.read(12)
-        length = int.from_bytes(header[:8], "little") if len(header) == 12 else -1
-        if not 0 < length <= os.path.getsize(name) - 16:
-            fail("%s is not a TFRecord file (tools/npz_to_tfrecord.py writes them)" % name)
+    counts = {part: sum(count_records(name) for name in files)
+              for part, files in (("train", train_files), ("test", test_files))}
+    for part in ("train", "test"):
+        if meta.get(part + "_examples", counts[part]) != counts[part]:
+            fail("%s: its %s files hold %d examples, meta.json says %d: files of another "
+                 "write? Write the folder again, into an empty one (tools/npz_to_tfrecord.py)"
+                 % (folder, part, counts[part], meta[part + "_examples"]))
     return Records(train_files, test_files, shape, dtype, scale, num_classes)
+
+
+def check_shards(folder, files, part):
+    """files are one write's PART-K-of-N.tfrecord, all N of them: not two writes' mixed."""
+    totals = sorted({os.path.basename(f).rsplit("-of-", 1)[-1].split(".")[0] for f in files})
+    if len(totals) != 1 or not totals[0].isdigit() or int(totals[0]) != len(files):
+        fail("%s: its %s files are not the %s of one write (%d file(s), %s): write the folder "
+             "again, into an empty one (tools/npz_to_tfrecord.py)" % (
+                 folder, part, "N files -of-N" if len(totals) == 1 else "same -of-N",
+                 len(files), " and ".join("-of-" + t for t in totals)))
+
+
+def count_records(name):
+    """The records in a TFRecord file, read from their headers alone (each: its length, 8
+    bytes, and its checksum, 4; then the data and its checksum). Not one: a one-line error."""
+    size, records, offset = os.path.getsize(name), 0, 0
+    with open(name, "rb") as f:
+        while offset < size:
+            header = f.read(12)
+            length = int.from_bytes(header[:8], "little") if len(header) == 12 else -1
+            if not 0 < length <= size - offset - 16:
+                fail("%s is not a TFRecord file (tools/npz_to_tfrecord.py writes them)" % name)
+            offset += 16 + length
+            f.seek(offset)
+            records += 1
+    return records
 
 
 def records_dataset(data, batch_size, worker_index, num_workers, seed):
@@ -452,20 +492,30 @@ def records_dataset(data, batch_size, worker_index, num_workers, seed):
              % (len(data.train_files), num_workers, num_workers))
     if isinstance(worker_index, int):
         mine = data.train_files[worker_index::num_workers]
-        print("[worker%d] reading %d of %d training files: %s" % (worker_index, len(mine), len(
-            data.train_files), ",".join(os.path.basename(f) for f in mine)), flush=True)
+        uneven = len(data.train_files) % num_workers
+        print("[worker%d] reading %d of %d training files: %s%s" % (
+            worker_index, len(mine), len(data.train_files), ",".join(
+                os.path.basename(f) for f in mine), "" if not uneven else (
+                " (uneven: %d files over %d workers, so the examples of a worker with fewer "
+                "files come more often; write a multiple of %d shards)" % (
+                    len(data.train_files), num_workers, num_workers))), flush=True)
     files = tf.data.Dataset.from_tensor_slices(data.train_files).shard(num_workers, worker_index)
     records = files.shuffle(len(data.train_files), seed=seed).interleave(
         tf.data.TFRecordDataset, cycle_length=4, num_parallel_calls=tf.data.AUTOTUNE)
     records = records.shuffle(10000, seed=seed).repeat().batch(batch_size, drop_remainder=True)
+    return records.map(parse_records(data), tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
 
-    def parse(serialized):  # a batch of tf.train.Examples: x in float32, scaled, and y
+
+def parse_records(data):
+    """The parser of a batch of the files' records (tf.train.Examples): x in float32, scaled
+    to [0, 1], and y. Training and the chief's test set read the files through this one."""
+    def parse(serialized):
         features = tf.io.parse_example(serialized, {
             "x": tf.io.FixedLenFeature([], tf.string),
             "y": tf.io.FixedLenFeature([], tf.int64 if data.num_classes else tf.float32)})
         x = tf.reshape(tf.io.decode_raw(features["x"], data.dtype), (-1,) + data.shape)
         return tf.cast(x, tf.float32) / data.scale, features["y"]
-    return records.map(parse, tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
+    return parse
 
 
 def arrays_dataset(x, y, worker_index, num_workers, seed):
@@ -505,21 +555,41 @@ def test_batches(test_set, size=1000):
 
 
 def record_batches(data, size):
-    """The test files' examples, size at a time, parsed in Python as they are read."""
-    def batch(xs, ys):
-        x = np.stack(xs).reshape((-1,) + data.shape).astype(np.float32) / np.float32(data.scale)
-        return x, np.array(ys, np.int64 if data.num_classes else np.float32)
-    xs, ys = [], []
-    for name in data.test_files:
-        for record in tf.compat.v1.io.tf_record_iterator(name):
-            feature = tf.train.Example.FromString(record).features.feature
-            xs.append(np.frombuffer(feature["x"].bytes_list.value[0], data.dtype))
-            ys.append((feature["y"].int64_list.value or feature["y"].float_list.value)[0])
-            if len(xs) == size:
-                yield batch(xs, ys)
-                xs, ys = [], []
-    if xs:
-        yield batch(xs, ys)
+    """The test files' examples, size at a time, as they stream from the files: a
+    TFRecordDataset parsed as training parses them (parse_records), in a graph of its own."""
+    with tf.Graph().as_default():
+        batches = tf.data.TFRecordDataset(data.test_files).batch(size).map(parse_records(data))
+        next_batch = tf.compat.v1.data.make_one_shot_iterator(batches).get_next()
+        with tf.compat.v1.Session() as session:
+            while True:
+                try:
+                    x, y = session.run(next_batch)
+                except tf.errors.OutOfRangeError:
+                    return
+                yield x, y
+
+
+DATA_STARTS = ("data_starts", "data_start_steps")  # session_stream's: graph collections
+
+
+def session_stream(dataset, seed, worker_index):
+    """The next element of dataset(session_seed), as tensors of the graph. Every session starts
+    the stream anew (start_the_data), its seed drawn from seed, this worker and the global step
+    at the session's start: no two workers share an order, and after a restart or a resume a
+    worker does not replay the mini-batches it began with."""
+    start_step = tf.compat.v1.placeholder_with_default(np.int64(0), [], name="data_start_step")
+    iterator = tf.compat.v1.data.make_initializable_iterator(
+        dataset((seed * 1000 + worker_index) * 1000003 + start_step))
+    tf.compat.v1.add_to_collection(DATA_STARTS[0], iterator.initializer)
+    tf.compat.v1.add_to_collection(DATA_STARTS[1], start_step)
+    return iterator.get_next()
+
+
+def start_the_data(session, global_step):
+    """Start every training stream of the graph (session_stream) in a new session, at
+    global_step."""
+    starts, steps = (tf.compat.v1.get_collection(name) for name in DATA_STARTS)
+    session.run(starts, {step: global_step for step in steps})
 # <<< shared: data files
 
 
@@ -745,11 +815,12 @@ def serve(args, cluster, server):
 
 
 class Worker(object):
-    """A worker's part of the run, given what train() built: test_metrics(x, y), the metric
-    tensors of a batch of test examples (each a mean over the batch), and test_set (the data,
-    or arrays (x, y)), fed to them in batches. start: the session; after_update: progress lines
-    and the chief's evaluations and checkpoints; end: the chief waits for the others, saves,
-    prints the summary line and ends the run. The run's status on ps 0 holds, for each worker,
+    """A worker's part of the run besides its algorithm, given what train() built:
+    test_metrics(x, y), the metric tensors of a batch of test examples (each a mean over the
+    batch), and test_set (the data, or arrays (x, y)), fed to them in batches. session() makes
+    TensorFlow's MonitoredSession of its parts: a session creator (StartOrRejoin) and hooks,
+    TensorFlow's (StopAtStepHook, CheckpointSaverHook) and this file's, each for what
+    TensorFlow lacks (RunStatus, Progress, Watchdog, ExampleHook). The run's status on ps 0 holds, for each worker,
     NOT_STARTED, TRAINING, or its local steps once it has finished; a ps that restarts loses
     it, and the chief writes back what it last read. rejoins=False (a task that cannot take up
     a run again: Evolution-Strategies' chief): that task restarted, or its session lost, ends
@@ -773,258 +844,352 @@ class Worker(object):
         self.my_status = tf.compat.v1.placeholder(tf.int64, [1])
         self.set_my_status = tf.compat.v1.scatter_update(self.status, [args.task_index],
                                                          self.my_status)
-        self.has_status = tf.compat.v1.is_variable_initialized(self.status)
-        self.has_status.mark_used()  # a worker may never run it: no "never used" error at exit
-        run_over = [run_over_flag(k) for k in range(len(cluster["ps"]))]
-        self.end_run = tf.group([flag.assign(True) for flag in run_over])
+        self.run_over = [run_over_flag(k) for k in range(len(cluster["ps"]))]
+        self.end_run = tf.group([flag.assign(True) for flag in self.run_over])
         if self.is_chief:  # a restarted chief, or a restarted ps, sets up only what is not there
+            self.has_status = tf.compat.v1.is_variable_initialized(self.status)
             self.set_up = [(tf.compat.v1.is_variable_initialized(v), v.initializer)
-                           for v in [self.status] + run_over]
+                           for v in [self.status] + self.run_over]
             self.status_fed = tf.compat.v1.placeholder(tf.int64, [workers])
             self.write_back = self.status.assign(self.status_fed)
         self.status_seen = None  # the status as the chief last read it
-        self.local_steps, self.history = 0, []
+        self.sessions, self.local_steps = 0, 0  # sessions made (StartOrRejoin), steps taken
         # the chief's last new session found the variables on the ps: it (or its session) was
         # restarted, the ps was not (a synchronous example's start-up reads it)
         self.kept_variables = False
 
-    def start(self, server, wait_for_everyone=False, each_session=None):
-        """The session, once the variables on the ps are ready; with wait_for_everyone (a
-        synchronous example, whose every round needs every worker), once every worker has
-        started as well, however far apart the tasks start. each_session(session): the
-        example's own start-up, run again in every new session (a synchronous optimizer's)."""
-        args = self.args
-        self.server, self.wait_for_everyone = server, wait_for_everyone
-        self.each_session = each_session or (lambda session: None)
-        self.saver = tf.compat.v1.train.Saver()  # every global variable: all are made by now
-        self.initialise_local = tf.compat.v1.local_variables_initializer()
-        self.initialise = tf.compat.v1.global_variables_initializer()
-        self.not_ready = tf.compat.v1.report_uninitialized_variables(
-            tf.compat.v1.global_variables())
-        tf.compat.v1.get_default_graph().finalize()  # a loop that adds ops would grow forever
+    def session(self, server, loss, update, last_step=None, hooks=(), wait_for_everyone=False,
+                minibatches_per_update=1, **summary):
+        """TensorFlow's MonitoredSession on this task's server, made by StartOrRejoin (with
+        wait_for_everyone, a synchronous example's, once every worker has started), with hooks
+        around each step: StopAtStepHook (once the global step reaches last_step; None: the
+        example stops itself), the example's own (ExampleHook), the watchdog, the run's status,
+        the chief's CheckpointSaverHook (as a session starts, every 30 s, and at the end) and
+        the progress lines (loss and update: the tensors of a step, update's value the global
+        step after it; loss may be a placeholder the step feeds). After a step lost to a
+        restarted task (Aborted, Unavailable) MonitoredSession makes a new session and runs
+        the hooks' after_create_session again; closed cleanly, it runs their end: the chief
+        waits for the others, saves, prints the summary line with the example's fields
+        (values, tensors that it reads then, or functions that it calls then) and ends the
+        run."""
+        creator = StartOrRejoin(self, server, wait_for_everyone)
+        stop = [tf.compat.v1.train.StopAtStepHook(last_step=last_step)] if last_step else []
+        hooks = stop + list(hooks) + [Watchdog(self.role, self.args.watchdog),
+                                      RunStatus(self, last_step)]
         if self.is_chief:
-            print("[worker0] chief: log_dir=%s" % args.log_dir, flush=True)
-            self.writer = tf.compat.v1.summary.FileWriter(args.log_dir,
-                                                          tf.compat.v1.get_default_graph())
-        session = RecoveringSession(self.new_session, self.role, self.rejoins, args.watchdog)
-        self.step = self.start_step = int(session.run(self.global_step))
-        self.last_checkpoint = 0  # the first evaluation saves
-        self.start_clock()  # again at the first update
-        print("[%s] training started" % self.role, flush=True)
-        return session
+            print("[worker0] chief: log_dir=%s" % self.args.log_dir, flush=True)
+            hooks.append(tf.compat.v1.train.CheckpointSaverHook(
+                self.args.log_dir, save_secs=30, saver=creator.saver))
+        hooks.append(Progress(self, loss, update, minibatches_per_update, summary))
+        return tf.compat.v1.train.MonitoredSession(session_creator=creator, hooks=hooks)
 
-    def start_clock(self):
-        """The run's clock (its rates, its history's seconds) starts once the first update has
-        returned, in every example: set-up, and the first step's own preparation, untimed."""
-        self.start_time = self.progress_time = time.time()
-        self.timed_from_step, self.progress_steps = self.step, self.local_steps
-
-    def new_session(self, first):
-        """A session on this task's server, set up. The chief sets up the run's status where it
-        is missing (writing back what it last read, after ps 0 restarted), and restores the
-        latest checkpoint, or initialises, where the ps lacks the variables: a restarted worker
-        does not roll the run back. The others wait for it; then each initialises its own
-        variables and marks itself TRAINING."""
-        args = self.args
-        reach_the_ps(args, self.cluster)
-        # filter devices, or the session waits for every worker to answer, even those that left
-        session = tf.compat.v1.Session(self.server.target, config=tf.compat.v1.ConfigProto(
-            device_filters=["/job:ps", "/job:worker/task:%d" % args.task_index],
-            intra_op_parallelism_threads=1))
-        if first and not self.rejoins and session.run(self.has_status) and session.run(
-                self.status)[args.task_index] != self.NOT_STARTED:  # it started once already
-            fail("%s: %s cannot take a restarted worker back into a run in progress; start "
-                 "the whole run again" % (self.role, EXAMPLE))
-        if self.is_chief:
-            status_lost = not session.run(self.has_status)  # a new run, or ps 0 restarted
-            for is_set_up, initializer in self.set_up:
-                if not session.run(is_set_up):
-                    session.run(initializer)
-            if status_lost and self.status_seen is not None:  # ps 0 restarted: the status back
-                session.run(self.write_back, {self.status_fed: self.status_seen})
-            self.kept_variables = len(session.run(self.not_ready)) == 0
-            if not self.kept_variables:  # a new run, or the ps restarted
-                checkpoint = tf.train.latest_checkpoint(args.log_dir)
-                if checkpoint:
-                    self.saver.restore(session, checkpoint)
-                    print("[worker0] resuming from the checkpoint at global step %d"
-                          % session.run(self.global_step), flush=True)
-                else:
-                    session.run(self.initialise)
-            elif first:
-                print("[worker0] resuming at global step %d: the ps kept the variables"
+    def restore_or_initialise(self, session):
+        """The chief's init_fn (StartOrRejoin): the run's status and the run-over flags set up
+        where missing (the status it last read written back, after ps 0 restarted); then the
+        latest checkpoint restored, or the variables initialised, only where the ps lacks them:
+        a restarted chief goes on from the ps's global step, a restarted ps gets them back."""
+        status_lost = not session.run(self.has_status)  # a new run, or ps 0 restarted
+        for is_set_up, initializer in self.set_up:
+            if not session.run(is_set_up):
+                session.run(initializer)
+        if status_lost and self.status_seen is not None:  # ps 0 restarted: the status back
+            session.run(self.write_back, {self.status_fed: self.status_seen})
+        self.kept_variables = len(session.run(self.not_ready)) == 0
+        if not self.kept_variables:  # a new run, or the ps restarted
+            checkpoint = tf.train.latest_checkpoint(self.args.log_dir)
+            if checkpoint:
+                self.saver.restore(session, checkpoint)
+                print("[worker0] resuming from the checkpoint at global step %d"
                       % session.run(self.global_step), flush=True)
-        elif not wait_for(lambda: len(session.run(self.not_ready)) == 0, args.connect_timeout,
-                          waiting=lambda: "[%s] waiting for the chief (worker0) to set up the "
-                                          "variables" % self.role):
-            fail("%s: the chief has not set the variables up after %g s"
-                 % (self.role, args.connect_timeout))
-        session.run(self.initialise_local)
-        session.run(self.set_my_status, {self.my_status: [self.TRAINING]})
-        absent = lambda: [k for k, s in enumerate(session.run(self.status))
-                          if s == self.NOT_STARTED]
-        if self.wait_for_everyone and not wait_for(
-                lambda: not absent(), args.connect_timeout, waiting=lambda: (
-                    "[%s] waiting for worker(s) %s to start" % (self.role, ",".join(
-                        map(str, absent()))))):
-            fail("%s: worker(s) %s did not start within %g s, and every round needs every "
-                 "worker" % (self.role, ",".join(map(str, absent())), args.connect_timeout))
-        self.each_session(session)
-        return session
+            else:
+                session.run(self.initialise)
+        elif self.sessions == 1:
+            print("[worker0] resuming at global step %d: the ps kept the variables"
+                  % session.run(self.global_step), flush=True)
 
     def read_status(self, session):
         """The run's status on ps 0; the chief keeps what it read, to write it back."""
         self.status_seen = session.run(self.status)
         return self.status_seen
 
-    def after_update(self, session, loss, global_step):
-        """Count the update; every --log_every local steps a progress line (the chief adds the
-        test metrics and, once every 30 s, saves a checkpoint)."""
-        self.step = int(global_step)
-        before = self.local_steps
-        self.local_steps += self.steps_per_update
+
+class StartOrRejoin(object):
+    """The session creator of Worker.session (a tf.compat.v1.train.SessionCreator: its
+    create_session), on SessionManager as TensorFlow's ChiefSessionCreator and
+    WorkerSessionCreator are, with two of their defaults corrected for a run that tasks leave
+    and rejoin: the chief's prepare_session gets no checkpoint_dir (with one, it restores
+    whenever a checkpoint exists, even over a ps that kept the run) but an init_fn that
+    restores or initialises only where the ps lacks the variables; the others' wait_for_session
+    checks every second (WorkerSessionCreator's, every 30 s), at most --connect_timeout, and
+    ends in one line. In every new session a worker then starts the training stream in an
+    order of its own (start_the_data) and marks itself TRAINING in the run's status; with
+    wait_for_everyone it waits for every worker to have started. MonitoredSession calls it
+    again after a step lost to a restart, without a pause or a limit: a line says so, each new
+    session in a row without a step between comes a second later, and the RETRIES-th ends the
+    task in one line."""
+    RETRIES = 6
+
+    def __init__(self, worker, server, wait_for_everyone=False):
+        self.worker, self.server, self.wait_for_everyone = worker, server, wait_for_everyone
+        self.in_a_row, self.steps_then = 0, None  # new sessions with no step between them
+        worker.saver = self.saver = tf.compat.v1.train.Saver()  # every global variable
+        worker.initialise = tf.compat.v1.global_variables_initializer()
+        worker.not_ready = tf.compat.v1.report_uninitialized_variables(
+            tf.compat.v1.global_variables())
+        worker.not_ready.mark_used()  # the chief's alone: no "never used" error elsewhere
+        everything = (tf.compat.v1.global_variables() + tf.compat.v1.local_variables() +
+                      [worker.status] + worker.run_over)  # the run's status too
+        self.scaffold = tf.compat.v1.train.Scaffold(
+            init_op=worker.initialise, saver=self.saver,
+            ready_op=tf.compat.v1.report_uninitialized_variables(everything))
+
+    def create_session(self):
+        worker, args = self.worker, self.worker.args
+        worker.sessions += 1
+        if worker.sessions > 1:
+            if not worker.rejoins:
+                fail("%s: its session was lost to a restarted task, and %s cannot take up its "
+                     "run again; start the whole run again" % (worker.role, EXAMPLE))
+            same = worker.local_steps == self.steps_then
+            self.in_a_row, self.steps_then = self.in_a_row + 1 if same else 1, worker.local_steps
+            if self.in_a_row > self.RETRIES:
+                fail("%s: %d sessions in a row lost to restarts, none took a step: is a task "
+                     "restarting again and again?" % (worker.role, self.RETRIES))
+            print("[%s] lost a step to a restart: a new session (%d in a row)"
+                  % (worker.role, self.in_a_row), flush=True)
+            time.sleep(self.in_a_row - 1)  # the pace of the tries: 0, 1, 2 ... s
+        reach_the_ps(args, worker.cluster)
+        self.scaffold.finalize()  # the graph is whole: a loop that adds ops would grow forever
+        manager = tf.compat.v1.train.SessionManager(
+            local_init_op=self.scaffold.local_init_op, ready_op=self.scaffold.ready_op,
+            ready_for_local_init_op=self.scaffold.ready_for_local_init_op,
+            recovery_wait_secs=1)
+        # filter devices, or the session waits for every worker to answer, even those that left
+        config = tf.compat.v1.ConfigProto(device_filters=[
+            "/job:ps", "/job:worker/task:%d" % args.task_index], intra_op_parallelism_threads=1)
+        if worker.is_chief:
+            session = manager.prepare_session(self.server.target, config=config,
+                                              init_fn=worker.restore_or_initialise)
+        else:
+            try:
+                session = manager.wait_for_session(self.server.target, config=config,
+                                                   max_wait_secs=args.connect_timeout)
+            except tf.errors.DeadlineExceededError:
+                fail("%s: the chief has not set the variables up after %g s"
+                     % (worker.role, args.connect_timeout))
+        worker.started_at = int(session.run(worker.global_step))  # this session's start
+        start_the_data(session, worker.started_at)  # an order of this session's
+        if worker.sessions == 1 and not worker.rejoins and session.run(
+                worker.status)[args.task_index] != worker.NOT_STARTED:  # it started once already
+            fail("%s: %s cannot take a restarted worker back into a run in progress; start "
+                 "the whole run again" % (worker.role, EXAMPLE))
+        session.run(worker.set_my_status, {worker.my_status: [worker.TRAINING]})
+        absent = lambda: [k for k, s in enumerate(session.run(worker.status))
+                          if s == worker.NOT_STARTED]
+        if self.wait_for_everyone and not wait_for(
+                lambda: not absent(), args.connect_timeout, waiting=lambda: (
+                    "[%s] waiting for worker(s) %s to start" % (worker.role, ",".join(
+                        map(str, absent()))))):
+            fail("%s: worker(s) %s did not start within %g s, and every round needs every "
+                 "worker" % (worker.role, ",".join(map(str, absent())), args.connect_timeout))
+        return session
+
+
+class Hook(object):
+    """tf.compat.v1.train.SessionRunHook's five methods, each doing nothing: the base of this
+    file's hooks, which MonitoredSession calls as it calls TensorFlow's (TensorFlow loads after
+    the flags are checked, so no class here can derive from its own)."""
+
+    def begin(self):
+        pass
+
+    def after_create_session(self, session, coord):
+        pass
+
+    def before_run(self, run_context):
+        return None
+
+    def after_run(self, run_context, run_values):
+        pass
+
+    def end(self, session):
+        pass
+
+
+class RunStatus(Hook):
+    """The run's status on ps 0, which TensorFlow lacks (StartOrRejoin marks a worker
+    TRAINING). A worker whose session starts with the global step at last_step already takes
+    no step (StopAtStepHook looks only after a step). At its end a worker writes its local
+    steps there; the chief then waits for every other worker to finish, to close its port while
+    TRAINING (lost), or, NOT_STARTED, not to start within --connect_timeout, and names those it
+    lost and those that never started."""
+
+    def __init__(self, worker, last_step):
+        self.worker, self.last_step = worker, last_step
+
+    def after_create_session(self, session, coord):
+        if self.last_step and self.worker.started_at >= self.last_step:  # the run is over
+            coord.request_stop()
+
+    def end(self, session):
+        worker = self.worker
+        session.run(worker.set_my_status, {worker.my_status: [worker.local_steps]})
+        if not worker.is_chief:
+            return
+        workers, my_end = worker.cluster["worker"], time.time()
+
+        def still_to_come():  # neither finished, nor lost, nor too late to start
+            late = time.time() > my_end + worker.args.connect_timeout
+            return [k for k, s in enumerate(worker.read_status(session))
+                    if s == worker.TRAINING and is_listening(workers[k])
+                    or s == worker.NOT_STARTED and not late]
+        wait_for(lambda: not still_to_come(), waiting=lambda: (
+            "[worker0] waiting for worker(s) %s to finish" % ",".join(map(str, still_to_come()))))
+        status = worker.read_status(session)  # after the wait
+        lost = [k for k, s in enumerate(status) if s == worker.TRAINING]
+        absent = [k for k, s in enumerate(status) if s == worker.NOT_STARTED]
+        if lost:
+            print("[worker0] worker(s) %s failed or were lost" % ",".join(map(str, lost)))
+        if absent:
+            print("[worker0] worker(s) %s never started (waited %g s)"
+                  % (",".join(map(str, absent)), worker.args.connect_timeout))
+
+
+class Progress(Hook):
+    """A progress line every --log_every local steps, after each run of the update (the
+    step's loss and global step fetched with it); on the chief with the test metrics over the
+    test set, also to TensorBoard. At the end the chief's summary line, after which the run is
+    over: every ps's run-over flag raised. (TensorFlow's LoggingTensorHook prints a step's
+    tensors, not metrics of a test set fed in batches, nor a run's summary.)"""
+
+    def __init__(self, worker, loss, update, minibatches_per_update, summary):
+        self.worker, self.loss, self.update = worker, loss, update
+        self.minibatches_per_update, self.summary = minibatches_per_update, summary
+        self.history = []
+
+    def begin(self):
+        if self.worker.is_chief:  # the writer CheckpointSaverHook adds the graph to
+            self.writer = tf.compat.v1.summary.FileWriterCache.get(self.worker.args.log_dir)
+
+    def after_create_session(self, session, coord):
+        if self.worker.sessions == 1:
+            self.step = self.start_step = self.worker.started_at
+            self.start_clock()  # again at the first update
+            print("[%s] training started" % self.worker.role, flush=True)
+
+    def start_clock(self):
+        """The run's clock (its rates, its history's seconds) starts once the first update has
+        returned, in every example: set-up, and the first step's own preparation, untimed."""
+        self.start_time = self.progress_time = time.time()
+        self.timed_from_step, self.progress_steps = self.step, self.worker.local_steps
+
+    def before_run(self, run_context):
+        fetches = tf.nest.flatten(run_context.original_args.fetches)
+        if any(fetch is self.update for fetch in fetches):  # a step, not a read
+            return tf.compat.v1.train.SessionRunArgs({"loss": self.loss, "step": self.update})
+        return None
+
+    def after_run(self, run_context, run_values):
+        """Count the update; every --log_every local steps a progress line."""
+        if run_values.results is None:
+            return
+        worker, loss = self.worker, float(run_values.results["loss"])
+        self.step = int(run_values.results["step"])
+        before = worker.local_steps
+        worker.local_steps += worker.steps_per_update
         if before == 0:  # the clock starts as the first update returns (start_clock)
             self.start_clock()
-        if before // self.args.log_every == self.local_steps // self.args.log_every:
+        if before // worker.args.log_every == worker.local_steps // worker.args.log_every:
             return
-        rate = (self.local_steps - self.progress_steps) / (time.time() - self.progress_time)
+        rate = (worker.local_steps - self.progress_steps) / (time.time() - self.progress_time)
         line = "[%s] local_step=%d global_step=%d loss=%.4f" % (
-            self.role, self.local_steps, self.step, loss)
-        if self.is_chief:
-            for name, value in self.evaluate(session, self.step, loss).items():
+            worker.role, worker.local_steps, self.step, loss)
+        if worker.is_chief:
+            for name, value in self.evaluate(run_context.session, self.step, loss).items():
                 line += " test_%s=%.4f" % (name, value)
-            self.read_status(session)
-            if time.time() > self.last_checkpoint + 30:
-                self.save(session)
+            worker.read_status(run_context.session)
         print(line + " steps_per_sec=%.1f" % rate, flush=True)
-        self.progress_steps, self.progress_time = self.local_steps, time.time()
-
-    def save(self, session):
-        """The chief's checkpoint of every global variable, in --log_dir (it keeps the last 5)."""
-        session.call(lambda raw: self.saver.save(
-            raw, os.path.join(self.args.log_dir, "model.ckpt"), self.step))
-        self.last_checkpoint = time.time()
+        self.progress_steps, self.progress_time = worker.local_steps, time.time()
 
     def evaluate(self, session, global_step, loss=None):
         """The test metrics, each a mean over the test set, fed 1000 examples at a time (a large
         test set is never a graph constant); also to TensorBoard, with the loss if given."""
-        metrics = test_metrics_in_batches(session, self.test_metrics, self.test_x, self.test_y,
-                                          self.test_set)
+        worker = self.worker
+        metrics = test_metrics_in_batches(session, worker.test_metrics, worker.test_x,
+                                          worker.test_y, worker.test_set)
         self.writer.add_summary(tensorboard_summary(metrics, loss), global_step)
         seconds = round(time.time() - self.start_time, 3)
         self.history.append([seconds, global_step] + list(metrics.values()))
         return metrics
 
-    def end(self, session, minibatches_per_update=1, **extra):
-        """This worker is done. The chief waits for every other worker to finish, to close its
-        port while TRAINING (lost), or, NOT_STARTED, not to start within --connect_timeout;
-        names those it lost, saves, prints the summary line with the example's extra fields
-        (values, or tensors that it reads now), and raises every ps's run-over flag."""
-        session.run(self.set_my_status, {self.my_status: [self.local_steps]})
-        if self.is_chief:
-            workers, my_end = self.cluster["worker"], time.time()
-
-            def still_to_come():  # neither finished, nor lost, nor too late to start
-                late = time.time() > my_end + self.args.connect_timeout
-                return [k for k, s in enumerate(self.read_status(session))
-                        if s == self.TRAINING and is_listening(workers[k])
-                        or s == self.NOT_STARTED and not late]
-            wait_for(lambda: not still_to_come(), waiting=lambda: (
-                "[worker0] waiting for worker(s) %s to finish" % ",".join(
-                    map(str, still_to_come()))))
-            status = self.read_status(session)  # after the wait
-            lost = [k for k, s in enumerate(status) if s == self.TRAINING]
-            absent = [k for k, s in enumerate(status) if s == self.NOT_STARTED]
-            if lost:
-                print("[worker0] worker(s) %s failed or were lost" % ",".join(map(str, lost)))
-            if absent:
-                print("[worker0] worker(s) %s never started (waited %g s)"
-                      % (",".join(map(str, absent)), self.args.connect_timeout))
-            self.step = int(session.run(self.global_step))
-            self.save(session)
+    def end(self, session):
+        """The chief's summary line, with the example's fields, once RunStatus has waited for
+        the others and CheckpointSaverHook has saved; then the run is over."""
+        worker = self.worker
+        if worker.is_chief:
+            status = worker.status_seen  # as RunStatus read it after its wait
+            self.step = int(session.run(worker.global_step))
             summary = dict(example=EXAMPLE)
             for name, value in self.evaluate(session, self.step).items():  # what it saved
                 summary["test_" + name] = value
             seconds = time.time() - self.start_time
-            rate = (self.step - self.timed_from_step) * minibatches_per_update / seconds
-            summary.update(global_step=self.step, workers=len(workers),
-                           ps=len(self.cluster["ps"]), lost_workers=len(lost + absent),
+            rate = (self.step - self.timed_from_step) * self.minibatches_per_update / seconds
+            lost = [k for k, s in enumerate(status) if s in (worker.TRAINING, worker.NOT_STARTED)]
+            summary.update(global_step=self.step, workers=len(worker.cluster["worker"]),
+                           ps=len(worker.cluster["ps"]), lost_workers=len(lost),
                            local_steps=[max(int(s), -1) for s in status],
                            updates=self.step - self.start_step,
                            timed_from_step=self.timed_from_step, timed_seconds=seconds,
-                           steps_per_sec=rate,
-                           examples_per_sec=rate * self.args.batch_size)
-            for key, value in extra.items():
+                           steps_per_sec=rate, examples_per_sec=rate * worker.args.batch_size)
+            for key, value in self.summary.items():  # a value, a tensor, or a function
+                value = value() if callable(value) else value
                 summary[key] = float(session.run(value)) if tf.is_tensor(value) else value
-            print_summary(self.role, summary, self.history, self.args.metrics_file)
-            self.writer.close()
-            session.run(self.end_run)  # the ps tasks end now
-        session.close()
-        print("[%s] done: local_steps=%d" % (self.role, self.local_steps), flush=True)
-        return 0
+            print_summary(worker.role, summary, self.history, worker.args.metrics_file)
+            self.writer.flush()
+            session.run(worker.end_run)  # the ps tasks end now
+        print("[%s] done: local_steps=%d" % (worker.role, worker.local_steps), flush=True)
 
 
-class RecoveringSession(object):
-    """The session Worker.start returns, made by new_session(first). A step that fails because
-    a task restarted (aborted, unavailable or cancelled: the old session's graphs and devices
-    are gone) closes the session without waiting for it, makes a new one and runs the step
-    again: at most RETRIES times in a row, after 1, 2, 4 ... s, each try one line. Its watchdog:
-    a step that never returns (a peer's restart can leave one waiting forever) cannot be
-    interrupted, so once steps have begun, a worker that completes none for --watchdog seconds
-    says so and ends its process, for its restart policy to start it again."""
-    RETRIES = 6
+class ExampleHook(Hook):
+    """An example's own start-up, each_session(session), run in every new session (after a
+    restart too), and its own end, at_the_end(session), before the chief waits for the others:
+    a synchronous optimizer's start-up and the spare tokens that release its workers."""
 
-    def __init__(self, new_session, role, rejoins, watchdog):
-        self.new_session, self.role, self.rejoins = new_session, role, rejoins
-        self.session, self.made, self.closing = None, 0, []
-        self.watchdog, self.last_step, self.watching = watchdog, None, True
+    def __init__(self, each_session, at_the_end=None):
+        self.each_session, self.at_the_end = each_session, at_the_end
 
-    def run(self, fetches, feed_dict=None, options=None):
-        return self.call(lambda session: session.run(fetches, feed_dict, options))
+    def after_create_session(self, session, coord):
+        self.each_session(session)
 
-    def call(self, step):
-        """step(session), a tf.compat.v1.Session, on a new session if the last one was lost."""
-        for attempt in range(1, self.RETRIES + 2):
-            try:
-                if self.session is None:
-                    self.session = self.new_session(first=self.made == 0)
-                    self.made += 1
-                result = step(self.session)
-                if self.last_step is None:  # the first step: the watchdog begins
-                    threading.Thread(target=self.watch, daemon=True).start()
-                self.last_step = time.time()
-                return result
-            except (tf.errors.AbortedError, tf.errors.UnavailableError,
-                    tf.errors.CancelledError) as e:
-                if attempt > self.RETRIES or not self.rejoins:
-                    raise
-                print("[%s] lost a step to a restart (%s: %s); a new session in %d s, try %d "
-                      "of %d" % (self.role, type(e).__name__, cause(e), 2 ** (attempt - 1),
-                                 attempt, self.RETRIES), flush=True)
-                if self.session is not None:  # closing waits for its running steps, and a
-                    # step that a restart left waiting may never return: close it aside
-                    self.closing.append(threading.Thread(target=self.session.close, daemon=True))
-                    self.closing[-1].start()
-                    self.session = None
-                time.sleep(2 ** (attempt - 1))
+    def end(self, session):
+        if self.at_the_end:
+            self.at_the_end(session)
+
+
+class Watchdog(Hook):
+    """Once steps have begun, a worker that completes none for --watchdog seconds says so and
+    ends its process, for its restart policy to start it again: a step that a peer's restart
+    left waiting may never return, and nothing in TensorFlow interrupts it."""
+
+    def __init__(self, role, seconds):
+        self.role, self.seconds, self.last_step, self.watching = role, seconds, None, True
+
+    def after_run(self, run_context, run_values):
+        if self.last_step is None:  # the first step: the watch begins
+            threading.Thread(target=self.watch, daemon=True).start()
+        self.last_step = time.time()
 
     def watch(self):
         while self.watching:
             time.sleep(1)
-            if self.watching and time.time() > self.last_step + self.watchdog:
+            if self.watching and time.time() > self.last_step + self.seconds:
                 print("error: %s completed no step for %g s (--watchdog): exiting, so that it "
-                      "can be restarted" % (self.role, self.watchdog), file=sys.stderr,
+                      "can be restarted" % (self.role, self.seconds), file=sys.stderr,
                       flush=True)
                 os._exit(2)  # sys.exit would wait for the stuck step
 
-    def close(self):
-        """At the end: the session, and a while for the ones closing aside (a process that
-        exits while a thread is inside TensorFlow aborts). The watchdog stops watching."""
+    def end(self, session):
         self.watching = False
-        if self.session is not None:
-            self.session.close()
-        for thread in self.closing:
-            thread.join(10)
 # <<< shared: cluster and session
 
 

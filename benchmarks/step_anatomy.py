@@ -78,6 +78,7 @@ def main():
         with tf.compat.v1.Session(config=tf.compat.v1.ConfigProto(
                 intra_op_parallelism_threads=1, inter_op_parallelism_threads=2)) as s:
             s.run(tf.compat.v1.global_variables_initializer())
+            local.start_the_data(s, 0)
             local_rate, (local_cpu,) = rate(s, train_op, args.steps, [os.getpid()])
 
     ports = []
@@ -104,6 +105,7 @@ def main():
             with tf.compat.v1.Session(worker.target, config=tf.compat.v1.ConfigProto(
                     device_filters=["/job:ps", "/job:worker/task:0"])) as s:
                 s.run(tf.compat.v1.global_variables_initializer())
+                template.start_the_data(s, 0)
                 read_rate, _ = rate(s, global_step, args.steps)
                 step_rate, (worker_cpu, ps_cpu) = rate(s, train_op, args.steps,
                                                        [os.getpid(), ps.pid])

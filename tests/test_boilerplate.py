@@ -269,7 +269,8 @@ def story_code(example):
 def test_every_ps_example_shows_its_cluster_server_placement_and_session_in_its_story(example):
     code = "\n".join(story_code(example))
     for call in ("tf.train.ClusterSpec(", "tf.distribute.Server(", 'if args.job_name == "ps":',
-                 "serve(args, cluster, server)", "worker.start(server", "import tensorflow as tf"):
+                 "serve(args, cluster, server)", "with worker.session(server",
+                 "import tensorflow as tf"):
         assert call in code, (example, call)
     if example != "Evolution-Strategies":  # which places its variables itself, device by device
         assert "tf.compat.v1.train.replica_device_setter(" in code, example
@@ -291,3 +292,24 @@ def test_the_baseline_and_its_distributed_twin_differ_only_by_the_distribution()
     assert len(changed) <= 40, "\n".join(changed)
     assert "-    params = model_params(x.shape[1:], args.hidden, args.seed, num_classes)" \
         not in changed  # the step itself is the same
+
+
+@pytest.mark.parametrize("example", PS_EXAMPLES + ["Non-Distributed-Setup"])
+def test_every_session_is_tensorflows_monitored_session_with_no_session_class_of_its_own(
+        example):
+    """TensorFlow's session machinery, not a private one: the session a loop runs in is a
+    MonitoredSession (MonitoredTrainingSession in the baseline) made on SessionManager, with
+    StopAtStepHook and CheckpointSaverHook; no class of a train.py wraps a session's run."""
+    text = read(example, "train.py")
+    needed = (["tf.compat.v1.train.MonitoredTrainingSession("] if example == "Non-Distributed-Setup"
+              else ["tf.compat.v1.train.MonitoredSession(", "tf.compat.v1.train.SessionManager(",
+                    "tf.compat.v1.train.CheckpointSaverHook("])
+    for name in needed + ["tf.compat.v1.train.StopAtStepHook("]:
+        assert name in text, (example, name)
+    tree = ast.parse(text)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef):
+            methods = {f.name for f in node.body if isinstance(f, ast.FunctionDef)}
+            assert "run" not in methods, (example, node.name)  # a session of its own
+    loop = "\n".join(story_code(example))
+    assert "while not session.should_stop():" in loop or example == "Evolution-Strategies", example

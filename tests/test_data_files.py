@@ -71,6 +71,7 @@ def test_each_worker_reads_only_its_own_files_and_together_they_read_every_examp
         with tf.Graph().as_default():
             x, y = module.training_batches(data, 8, worker, 2, seed=0)
             with tf.compat.v1.Session() as session:
+                module.start_the_data(session, 0)
                 batches = [session.run([x, y]) for _ in range(12)]  # two epochs of its 48
         numbers = [number_of(row, data.scale) for xs, _ in batches for row in xs]
         labels = [int(label) for _, ys in batches for label in ys]
@@ -178,5 +179,163 @@ def test_an_npz_reaches_each_worker_as_its_own_shard_and_never_as_a_constant_of_
             x_batch, _ = module.training_batches(data, 100, worker, 2, seed=0)
             assert graph.as_graph_def().ByteSize() < 100000  # the arrays are 16 MB
             with tf.compat.v1.Session() as session:
+                module.start_the_data(session, 0)
                 numbers = {int(n) for _ in range(20) for n in session.run(x_batch)[:, 0]}
         assert numbers == set(range(worker, 4000, 2))
+
+
+# --- What reaches the model: scaled pixels, every class, a new order every epoch and session ------
+def stream(module, data, worker, num_workers, batch_size, batches, start_step=0):
+    """Worker's first batches of its graph pipeline (training_batches), its session started at
+    the global step start_step as the examples start it (start_the_data): [(x, y), ...]."""
+    tf = module.tf
+    with tf.Graph().as_default():
+        x, y = module.training_batches(data, batch_size, worker, num_workers, seed=0)
+        with tf.compat.v1.Session() as session:
+            module.start_the_data(session, start_step)
+            return [session.run([x, y]) for _ in range(batches)]
+
+
+def test_integer_pixels_reach_the_model_scaled_by_the_training_sets_largest_value(tmp_path):
+    # the numbered set's pixels are uint8, the largest in x_train 95 (example 95): what the
+    # graph's pipeline yields, not only what read_npz returns, is each pixel / 95
+    module = load_train_module("Distributed-Setup")
+    data = module.load_dataset(str(numbered_set(tmp_path / "n.npz")))
+    batches = stream(module, data, 0, 1, 16, 6)  # one epoch of 96
+    x = np.concatenate([xs for xs, _ in batches])
+    assert x.dtype == np.float32 and x.shape == (96, 4, 4, 1)
+    assert x.min() == 0.0 and x.max() == 1.0
+    numbers = x[:, 0, 0, 0] * 95  # the example's number, its first pixel
+    np.testing.assert_allclose(numbers, np.rint(numbers), atol=1e-4)
+    assert sorted(np.rint(numbers).astype(int)) == list(range(96))
+    labels = np.concatenate([ys for _, ys in batches])
+    assert list(labels) == [int(n) % 3 for n in np.rint(numbers)]
+
+
+def test_the_number_of_classes_counts_the_test_sets_labels_too(tmp_path):
+    # the training labels are 0-2, a test label is 4: the model needs 5 outputs, from an .npz
+    # and from the TFRecord files the converter writes of it
+    x = np.random.default_rng(0).normal(size=(40, 3)).astype(np.float32)
+    np.savez(tmp_path / "more.npz", x_train=x[:30], y_train=np.arange(30) % 3,
+             x_test=x[30:], y_test=np.array([0, 1, 2, 4, 0, 1, 2, 0, 1, 2]))
+    module = load_train_module("Distributed-Setup")
+    assert module.load_dataset(str(tmp_path / "more.npz")).num_classes == 5
+    folder = convert(tmp_path / "more.npz", tmp_path / "more", "--shards", "2")
+    assert module.load_dataset(str(folder)).num_classes == 5
+
+
+def test_each_workers_shard_of_an_npz_comes_in_a_new_order_every_epoch_and_every_session(
+        tmp_path):
+    ids = np.arange(40)
+    x = ids.reshape(-1, 1).astype(np.float32)  # the example's id as its one feature
+    module = load_train_module("Distributed-Setup")
+    data = module.Dataset(x, ids, x[:1], ids[:1], num_classes=40)
+    orders = {}
+    for worker in (0, 1):  # 20 examples each, 4 batches of 5 an epoch
+        ids_seen = [int(i) for xs, _ in stream(module, data, worker, 2, 5, 8) for i in xs[:, 0]]
+        first, second = ids_seen[:20], ids_seen[20:]
+        shard = list(range(worker, 40, 2))
+        assert sorted(first) == shard and sorted(second) == shard  # each epoch: the whole shard
+        assert first != second, "the second epoch repeats the first's order"
+        orders[worker] = [i // 2 for i in first]  # the order, as positions in the shard
+    assert orders[0] != orders[1], "both workers draw their shards in the same order"
+    # a session that starts later in the run (a restart, a resume) draws an order of its own,
+    # and one that starts at the same global step draws the same (a rerun repeats)
+    later = [int(i) for xs, _ in stream(module, data, 0, 2, 5, 4, start_step=300)
+             for i in xs[:, 0]]
+    assert sorted(later) == list(range(0, 40, 2)) and later != orders[0]
+    again = [int(i) for xs, _ in stream(module, data, 0, 2, 5, 4, start_step=300)
+             for i in xs[:, 0]]
+    assert again == later
+
+
+def test_a_restarted_chief_does_not_replay_the_mini_batches_the_run_began_with(tmp_path):
+    # the chief's session as its session creator makes it, on a real in-process cluster; then
+    # the chief restarts (a new graph, a new Worker) while the ps keeps the variables at global
+    # step 300: its new session starts its stream at step 300, not at the run's first batches
+    from support.in_process import flags, in_process_cluster
+    module = load_train_module("Distributed-Setup")
+    tf = module.tf
+    ids = np.arange(400)
+    x = ids.reshape(-1, 1).astype(np.float32)
+    data = module.Dataset(x, ids % 10, x[:10], ids[:10] % 10, num_classes=10)
+    cluster, (server,) = in_process_cluster()
+    args = flags(module, "--log_dir", str(tmp_path), "--batch_size", "16")
+    first_batches = []
+    for attempt in range(2):
+        with tf.Graph().as_default():
+            xs, _ = module.training_batches(data, args.batch_size, 0, 1, args.seed)
+            with tf.compat.v1.device(tf.compat.v1.train.replica_device_setter(
+                    cluster=cluster, worker_device="/job:worker/task:0")):
+                sgd = module.build_sgd(args, xs, tf.zeros([args.batch_size], tf.int64))
+            worker = module.Worker(args, cluster, lambda x, y: {}, data)
+            session = module.StartOrRejoin(worker, server).create_session()  # as it starts one
+            try:
+                first_batches.append([int(i) for i in session.run(xs)[:, 0]])
+                if attempt == 0:
+                    sgd.global_step.load(300, session)
+                else:
+                    assert session.run(sgd.global_step) == 300  # the ps kept the run
+            finally:
+                session.close()
+    assert first_batches[0] != first_batches[1], "the restarted chief replayed its first batch"
+
+
+# --- TFRecord files of one write, read as they were written ---------------------------------------
+def test_a_folder_holding_shards_of_two_writes_is_refused_in_one_line(records, tmp_path):
+    folder = tmp_path / "mixed"
+    folder.mkdir()
+    for path in records.iterdir():  # 4 training files of one write, then 2 of another's
+        (folder / path.name).write_bytes(path.read_bytes())
+    convert(numbered_set(tmp_path / "n.npz"), tmp_path / "other", "--shards", "2")
+    for path in (tmp_path / "other").glob("train-*"):
+        (folder / path.name).write_bytes(path.read_bytes())
+    code, _, stderr, loaded = run_train_noting_tensorflow(
+        "Distributed-Setup", CLUSTER + ["--data_path", str(folder)])
+    assert code == 2 and not loaded, stderr
+    assert len(error_lines(stderr)) == 1, stderr
+    assert "its train files are not the same -of-N of one write" in stderr, stderr
+    assert "-of-00002 and -of-00004" in stderr, stderr
+
+
+@pytest.mark.parametrize("problem, message", [
+    ("a file missing", "not the N files -of-N of one write (3 file(s), -of-00004)"),
+    ("an example missing", "its train files hold 95 examples, meta.json says 96"),
+    ("a glob that takes test files", "takes test files (test-00000-of-00002.tfrecord) as "
+                                     "training files"),
+])
+def test_training_files_that_are_not_one_whole_write_are_refused_in_one_line(
+        records, tmp_path, problem, message):
+    folder = tmp_path / "copy"
+    folder.mkdir()
+    for path in records.iterdir():
+        (folder / path.name).write_bytes(path.read_bytes())
+    data_path = str(folder)
+    if problem == "a file missing":
+        (folder / "train-00003-of-00004.tfrecord").unlink()
+    elif problem == "an example missing":  # a file's first record gone (meta.json says 96)
+        module = load_train_module("Distributed-Setup")
+        tf = module.tf
+        with tf.io.TFRecordWriter(str(folder / "train-00000-of-00004.tfrecord")) as writer:
+            for record in list(tf.compat.v1.io.tf_record_iterator(
+                    str(records / "train-00000-of-00004.tfrecord")))[1:]:
+                writer.write(record)
+    else:
+        data_path = str(folder / "*.tfrecord")
+    code, _, stderr, loaded = run_train_noting_tensorflow(
+        "Distributed-Setup", CLUSTER + ["--data_path", data_path])
+    assert code == 2 and not loaded, stderr
+    assert len(error_lines(stderr)) == 1 and message in stderr, stderr
+
+
+def test_a_worker_with_fewer_files_than_the_others_says_so_in_a_line(records, capsys):
+    # 4 files over 3 workers: 2, 1 and 1; the first worker's examples come half as often
+    module = load_train_module("Distributed-Setup")
+    data = module.load_dataset(str(records))
+    with module.tf.Graph().as_default():
+        module.records_dataset(data, 8, 0, 3, seed=0)
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("[worker0] reading 2 of 4 training files: train-00000-of-00004."
+                           "tfrecord,train-00003-of-00004.tfrecord (uneven: 4 files over 3 "
+                           "workers"), line
+    assert "write a multiple of 3 shards" in line, line

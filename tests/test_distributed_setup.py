@@ -74,6 +74,56 @@ def test_a_rerun_with_the_same_log_dir_resumes_from_the_checkpoint(run_example, 
     assert summary["global_step"] == "500" and summary["local_steps"] == "200"
 
 
+def test_a_restarted_chief_resumes_at_the_ps_global_step_where_tensorflow_would_roll_back(
+        tmp_path):
+    # On a real in-process cluster: the chief's session as its session creator makes it, a
+    # checkpoint at global step 100, then the ps moves on to 300 and the chief restarts (a new
+    # graph, a new session creator). It goes on at 300, where the ps is; TensorFlow's own
+    # prepare_session, given the checkpoint_dir, would restore 100 over the live ps.
+    import numpy as np
+    from support.examples import load_train_module
+    from support.in_process import fixed_batch, flags, in_process_cluster
+    from support.in_process import worker_config
+    module = load_train_module("Distributed-Setup")
+    tf = module.tf
+    cluster, (server,) = in_process_cluster()
+    args = flags(module, "--log_dir", str(tmp_path))
+    test_set = (np.zeros((2, 5), np.float32), np.zeros(2, np.int64))
+
+    on_the_ps = lambda: tf.compat.v1.device(tf.compat.v1.train.replica_device_setter(
+        cluster=cluster, worker_device="/job:worker/task:0"))
+
+    def chief_session():
+        with tf.Graph().as_default():
+            with on_the_ps():
+                sgd = module.build_sgd(args, *fixed_batch())
+            worker = module.Worker(args, cluster, lambda x, y: {}, test_set)
+            creator = module.StartOrRejoin(worker, server)
+            return sgd, worker, creator, creator.create_session()
+    sgd, worker, creator, session = chief_session()
+    assert not worker.kept_variables  # a new run: initialised
+    with session.graph.as_default():
+        sgd.global_step.load(100, session)
+        creator.saver.save(session, str(tmp_path / "model.ckpt"), global_step=100)
+        sgd.global_step.load(300, session)  # the run goes on, on the ps
+    session.close()
+    sgd, worker, creator, session = chief_session()  # the chief, restarted
+    try:
+        assert worker.kept_variables and session.run(sgd.global_step) == 300
+    finally:
+        session.close()
+    with tf.Graph().as_default():  # TensorFlow's default, which the session creator corrects
+        with on_the_ps():
+            sgd = module.build_sgd(args, *fixed_batch())
+        manager = tf.compat.v1.train.SessionManager()
+        default = manager.prepare_session(server.target, saver=tf.compat.v1.train.Saver(),
+                                          checkpoint_dir=str(tmp_path), config=worker_config(0))
+        try:
+            assert default.run(sgd.global_step) == 100  # the ps rolled back to the checkpoint
+        finally:
+            default.close()
+
+
 def test_a_worker_killed_mid_run_does_not_hang_the_others(tmp_path):
     run = kill_mid_run("Distributed-Setup", tmp_path, ["--steps", "3000"])  # the chief goes on
     assert run.code == 1

@@ -118,6 +118,7 @@ def test_downpour_every_local_step_uses_a_new_batch():
                               config=worker_config(0)) as s:
         s.run(init[0])
         s.run(init[1])
+        downpour.start_the_data(s, 0)
         for _ in range(3):  # three windows, each ended by a push and a pull
             for _ in range(args.window):
                 seen.append(frozenset(s.run([ops.local_step, x])[1][:, 0].astype(int)))
@@ -127,41 +128,37 @@ def test_downpour_every_local_step_uses_a_new_batch():
     assert len(set().union(*seen)) == epoch * args.batch_size, "an example came twice"
 
 
-def test_downpour_workers_start_from_the_ps_values_through_the_session_barrier(tmp_path,
-                                                                              monkeypatch):
-    # Worker 1 asks for its session before the chief has initialised anything. It must wait,
-    # then take its local copy from the ps: the chief's values (seed 1), not its own (seed 0).
+def test_downpour_workers_start_from_the_ps_values_through_the_session_barrier(tmp_path):
+    # Worker 1 asks for its session before the chief has initialised anything. It must wait
+    # (SessionManager.wait_for_session, as its session creator makes it), then take its local
+    # copy from the ps: the chief's values (seed 1), not its own (seed 0).
     cluster, workers = in_process_cluster(num_workers=2)
-    found_not_ready, wait_for = threading.Event(), downpour.wait_for
-
-    def wait_for_noting_a_no(condition, *seconds, **options):  # the barrier, seen from outside
-        def noted():
-            met = condition()
-            if not met:
-                found_not_ready.set()
-            return met
-        return wait_for(noted, *seconds, **options)
-    monkeypatch.setattr(downpour, "wait_for", wait_for_noting_a_no)
 
     def session_of(worker, *argv):
         args = flags(downpour, "--task_index", str(worker), "--log_dir", str(tmp_path), *argv)
         with tf.Graph().as_default():
             ops = downpour.build_downpour(args, cluster, *fixed_batch())
             test_set = (np.zeros((2, 5), np.float32), np.zeros(2, np.int64))
-            session = downpour.Worker(args, cluster, lambda x, y: {}, test_set).start(
-                workers[worker])
+            run = downpour.Worker(args, cluster, lambda x, y: {}, test_set)
+            session = downpour.StartOrRejoin(run, workers[worker]).create_session()
         return ops, session
-    ready = {}
-    joining = threading.Thread(target=lambda: ready.update(zip(("ops", "session"), session_of(
-        1, "--connect_timeout", "30"))), daemon=True)
+    ready, failed = {}, []
+
+    def join():
+        try:
+            ready.update(zip(("ops", "session"), session_of(1, "--connect_timeout", "30")))
+        except BaseException as e:  # noqa: B036 (a fail() is a SystemExit)
+            failed.append(e)
+    joining = threading.Thread(target=join, daemon=True)
     joining.start()
-    assert found_not_ready.wait(30), "worker 1 did not check whether the ps was set up"
+    joining.join(3)  # a few of its checks, a second apart
+    assert not failed and joining.is_alive(), "worker 1 did not wait for the chief"
     assert "session" not in ready, "worker 1 started before the chief initialised the ps"
 
     chief, chief_session = session_of(0, "--seed", "1")
     on_ps = values(chief_session, chief.global_params)
-    joining.join(30)
-    assert "session" in ready, "worker 1 did not start within 30 s of the initialisation"
+    joining.join(10)  # it checks every second (WorkerSessionCreator's own: every 30 s)
+    assert "session" in ready, "worker 1 did not start within 10 s of the initialisation"
     try:
         assert_same(values(ready["session"], ready["ops"].local_params), on_ps)
     finally:

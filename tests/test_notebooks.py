@@ -2,9 +2,9 @@
 then a second time in the same kernel (a learner's Run All again).
 
 Every notebook is copied to a temporary folder and executed there, so the committed notebooks
-(and their outputs) are never touched. The three 4-Multiple-Workers notebooks run together, as
+(and their outputs) are never touched. The three 5-Multiple-Workers notebooks run together, as
 the three processes of one cluster on free ports, twice, and their printed output must show the
-cross-worker effect. Afterwards no kernel and no TensorFlow server may be left running.
+two workers training one model at the same time. Afterwards no kernel and no TensorFlow server may be left running.
 """
 
 import asyncio
@@ -29,23 +29,29 @@ TUTORIAL = Path(__file__).resolve().parent.parent / "Basics-Tutorial"
 SINGLE_NOTEBOOKS = [
     "1-Servers.ipynb",
     "2-Parameter-Server.ipynb",
-    "3-Local-then-Global-Variables.ipynb",
-    "5-Starting-a-Run.ipynb",
-    "6-Synchronous-SGD.ipynb",
-    "7-Devices-and-In-Graph-Replication.ipynb",
+    "3-Asynchronous-Updates.ipynb",
+    "4-Local-then-Global-Variables.ipynb",
+    "6-Starting-a-Run.ipynb",
+    "7-Synchronous-SGD.ipynb",
+    "8-Devices-and-In-Graph-Replication.ipynb",
 ]
-MULTIPLE_WORKERS_DIR = "4-Multiple-Workers/"
+MULTIPLE_WORKERS_DIR = "5-Multiple-Workers/"
+SHARED_SETUP = "tutorial_cluster.py"  # the helpers the notebooks import, beside them
 MULTIPLE_WORKERS = ["PS-Task.ipynb", "Worker-0.ipynb", "Worker-1.ipynb"]
 ALL_NOTEBOOKS = SINGLE_NOTEBOOKS + [MULTIPLE_WORKERS_DIR + name for name in MULTIPLE_WORKERS]
 
 CELL_TIMEOUT = 120  # seconds one cell may take
-PEER_WAIT_SECONDS = 60  # how long a 4-Multiple-Workers notebook waits for the others
+PEER_WAIT_SECONDS = 120  # how long a 5-Multiple-Workers notebook waits for the others
 CLEANUP_SECONDS = 15  # how long a kernel may take to disappear after its notebook ended
 LONGEST_CODE_CELL = 30  # lines: a cell a learner reads at one glance
 
 # What a notebook's own output must show, on every run: the behaviour its text teaches.
 PROVEN_BY_OUTPUT = {
     "1-Servers.ipynb": [
+        r"one class: True",  # tf.distribute.Server is tf.compat.v1.train.Server
+        # TF_CONFIG's chief becomes worker 0, its workers come after it
+        r"task \{\"type\": \"chief\", \"index\": 0\} +-> /job:worker/task:0",
+        r"task \{\"type\": \"worker\", \"index\": 0\} +-> /job:worker/task:1",
         # without device_filters, a session waits for a worker that has not started, and
         # neither of TensorFlow's time limits ends that wait
         r"after 3 s the session still waits: True",
@@ -54,21 +60,39 @@ PROVEN_BY_OUTPUT = {
         r"bytes per ps task: \[38420, 38420\]",  # fixed_size_partitioner balances the ps tasks
         r"SaveV2 ran on /job:worker/task:0",  # a Saver made outside the setter saves on the chief
     ],
-    "3-Local-then-Global-Variables.ipynb": [
+    "3-Asynchronous-Updates.ipynb": [
+        # two reads at one step, two applies: the second update is one step stale
+        r"global step +\d+: worker 1's update, read at step (\d+): staleness 0\n"
+        r"global step +\d+: worker 0's update, read at step \1: staleness 1",
+        r"updates per worker: \[40, 40\] ; global step now: 82",  # every update counted once
+        r"after two read-modify-writes of \+ 1: counter = 1: one update lost",
+        r"after two assign_add\(1\) on the ps: +counter = 2",
+    ],
+    "4-Local-then-Global-Variables.ipynb": [
         # report_uninitialized_variables() checks local variables too, unless given a list
         r"worker 1 asks about global_variables\(\): \[\]",
         r"worker 1 asks the default question: +\[b'local/weights'",
+        # replica_device_setter sends a LOCAL_VARIABLES variable to the ps too
+        r"trapped/weights +local: True +on /job:ps/task:0",
+        r"local/weights +local: True +on /job:worker/task:0",
     ],
-    "5-Starting-a-Run.ipynb": [
-        r"task \{\"type\": \"chief\", \"index\": 0\} +-> /job:worker/task:0",
-        r"task \{\"type\": \"worker\", \"index\": 0\} +-> /job:worker/task:1",
-        r"worker 1, asking the default question: \[b'local_steps'\]",
-        r"chief: initialised the variables",
-        r"global step 10; local steps of the workers: \[5, 5\]",
-        r"chief: restored the checkpoint of global step 10",
-        r"chief: the ps kept the variables: nothing to do",
+    "6-Starting-a-Run.ipynb": [
+        r"chief: trained to global step 20",  # MonitoredTrainingSession with StopAtStepHook
+        r"worker 1: trained to global step 40",
+        # TensorFlow's chief restores its checkpoint over a ps that kept the live model
+        r"the restarted chief \(MonitoredTrainingSession\): global step on the ps 40, "
+        r"its session starts at 20: rolled back",
+        # the examples' init_fn restores or initialises only what the ps lacks
+        r"the restarted chief \(init_fn\): global step on the ps 25, its session starts at 25: "
+        r"the ps kept the model: nothing to do",
+        r"the chief, on a new ps: global step on the ps none, its session starts at 30: "
+        r"restored model.ckpt-30",
+        # WorkerSessionCreator's SessionManager looks every 30 s; the examples' every second
+        r"default recovery_wait_secs: 30",
+        r"a worker's wait with default: +DeadlineExceededError after [01] s",
+        r"a worker's wait with recovery_wait_secs=1: the model is ready after [1-9] s",
     ],
-    "6-Synchronous-SGD.ipynb": [
+    "7-Synchronous-SGD.ipynb": [
         # the accumulators' counts and the token queue's size, between the steps
         r"worker 0 has sent: +global_step=0  accumulators=\[1, 1\]  token_queue=0",
         r"worker 0 is still waiting: True",
@@ -154,9 +178,11 @@ def cluster_on_free_ports(wait_seconds):
 
 
 def copy_to(tmp_dir, relative_path):
+    """A copy of the notebook at relative_path, with the module of shared set-up it imports."""
     target = tmp_dir / relative_path
     target.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(TUTORIAL / relative_path, target)
+    shutil.copyfile(TUTORIAL / SHARED_SETUP, tmp_dir / SHARED_SETUP)
     return target
 
 
@@ -236,7 +262,7 @@ def test_notebook_runs_top_to_bottom_on_a_fresh_kernel_and_again_in_the_same_ker
     assert_nothing_left_running(ports_named_in(printed(first) + printed(second)))
 
 
-# --- 4-Multiple-Workers: three notebooks, one cluster ---
+# --- 5-Multiple-Workers: three notebooks, one cluster ---
 
 
 @pytest.fixture(scope="module")
@@ -259,31 +285,64 @@ def multiple_workers(request, multiple_workers_twice):
     return multiple_workers_twice[request.param.startswith("second")]
 
 
-def test_worker_1_sees_the_global_value_worker_0_wrote(multiple_workers):
-    assert "worker 0 wrote shared_weight = 42.0" in multiple_workers["worker 0"]
-    assert "worker 1 reads shared_weight = 42.0" in multiple_workers["worker 1"]
+PUSHES = 15  # each worker's pushes per algorithm (the worker notebooks' PUSHES)
 
 
-def test_worker_0_sees_the_change_worker_1_made(multiple_workers):
-    assert "worker 1 made shared_weight = 142.0" in multiple_workers["worker 1"]
-    assert "worker 0 reads shared_weight = 142.0" in multiple_workers["worker 0"]
+def pushes(multiple_workers, worker, algorithm):
+    """(global step the push made, staleness, global test accuracy) of each push printed."""
+    return [(int(step), int(staleness), float(accuracy)) for step, staleness, accuracy in re.findall(
+        r"worker %d %s +push at global step +(\d+), staleness (\d+): global test accuracy ([\d.]+)"
+        % (worker, algorithm), multiple_workers["worker %d" % worker])]
 
 
-def test_a_variable_on_a_worker_is_not_seen_by_the_other_worker(multiple_workers):
-    worker_0 = re.findall(r"worker 0 own_counter = (\d+)", multiple_workers["worker 0"])
-    worker_1 = re.findall(r"worker 1 own_counter = (\d+)", multiple_workers["worker 1"])
-    assert worker_0 == ["5", "5"]  # before and after worker 1 counted on its own
-    assert worker_1 == ["0", "1"]  # worker 0's 5 never shows up here
+@pytest.mark.parametrize("algorithm", ["ADAG", "DOWNPOUR"])
+def test_both_workers_push_and_the_ps_counts_every_push_once(multiple_workers, algorithm):
+    steps = [step for worker in (0, 1) for step, _, _ in pushes(multiple_workers, worker, algorithm)]
+    assert sorted(steps) == list(range(1, 2 * PUSHES + 1))
+
+
+def test_the_workers_push_at_the_same_time_without_waiting_for_each_other(multiple_workers):
+    # their pushes interleave: each worker pushed before the other's last push
+    interleaved = []
+    for algorithm in ("ADAG", "DOWNPOUR"):
+        steps = [[step for step, _, _ in pushes(multiple_workers, w, algorithm)] for w in (0, 1)]
+        interleaved.append(min(steps[0]) < max(steps[1]) and min(steps[1]) < max(steps[0]))
+    assert any(interleaved)
+    # a push's staleness counts the other worker's pushes since the pull: never more than those
+    for algorithm in ("ADAG", "DOWNPOUR"):
+        for worker in (0, 1):
+            for step, staleness, _ in pushes(multiple_workers, worker, algorithm):
+                assert 0 <= staleness < step
+
+
+@pytest.mark.parametrize("algorithm", ["ADAG", "DOWNPOUR"])
+def test_the_global_test_accuracy_rises_as_both_workers_push(multiple_workers, algorithm):
+    chief = multiple_workers["worker 0"]
+    columns = {"ADAG": 1, "DOWNPOUR": 2}
+    before = re.search(r"global test accuracy before training: ADAG ([\d.]+), DOWNPOUR ([\d.]+)",
+                       chief)
+    after = re.search(r"global test accuracy after training: ADAG ([\d.]+), DOWNPOUR ([\d.]+)",
+                      chief)
+    assert float(before.group(columns[algorithm])) < 0.3  # a model of zeros: one class
+    assert float(after.group(columns[algorithm])) > 0.75
+    for worker in (0, 1):
+        assert len(pushes(multiple_workers, worker, algorithm)) == PUSHES
+
+
+def test_local_copies_are_made_on_the_worker_and_the_global_copy_on_the_ps(multiple_workers):
+    for worker in (0, 1):
+        printed_by = multiple_workers["worker %d" % worker]
+        assert re.search(r"adag/weights +on /job:ps/task:0", printed_by)
+        assert re.search(r"adag/local/weights +on /job:worker/task:%d" % worker, printed_by)
+        assert "the Adagrad slots on ['/job:ps/task:0']" in printed_by
 
 
 def test_the_chief_ends_the_run_only_after_every_worker_has_finished(multiple_workers):
     chief = multiple_workers["worker 0"]
-    assert "worker 0 set up the run: finished = [-1, -1]" in chief
-    assert "worker 1 finished: its entry of finished = 1" in multiple_workers["worker 1"]
+    assert "worker 1 finished: its entry of finished = %d" % (2 * PUSHES) in multiple_workers["worker 1"]
     lines = [line for line in chief.splitlines() if "finished" in line or "run_over" in line]
-    assert lines[-3:] == [
-        "worker 0 finished: its entry of finished = 5",
-        "worker 0 sees every worker finished: finished = [5, 1]",
+    assert lines[-2:] == [
+        "worker 0 sees every worker finished: finished = [%d, %d]" % (2 * PUSHES, 2 * PUSHES),
         "worker 0 raised run_over: the ps may end",
     ]
 
@@ -291,13 +350,12 @@ def test_the_chief_ends_the_run_only_after_every_worker_has_finished(multiple_wo
 def test_ps_ends_on_the_chiefs_flag_after_both_workers_finished(multiple_workers):
     ps = multiple_workers["ps"].rstrip().splitlines()
     # The ps waits for the chief's set-up, then for the flag; when it sees the flag, every
-    # worker's entry is already written (no -1 left), and the workers' value is there to read.
-    assert ps[-6:] == [
+    # worker's entry is already written (no -1 left).
+    assert ps[-5:] == [
         "ps waiting for the chief to initialise run_over",
         "ps sees run_over initialised; waiting for the chief to raise it",
         "ps sees run_over = True",
-        "finished = [5, 1]",
-        "shared_weight = 142.0",
+        "finished = [%d, %d]" % (2 * PUSHES, 2 * PUSHES),
         "ps finished",
     ]
 
@@ -343,6 +401,29 @@ def test_no_code_cell_is_longer_than_a_learner_reads_at_one_glance(name):
     too_long = [(index, len(cell.source.splitlines())) for index, cell in enumerate(nb.cells)
                 if cell.cell_type == "code" and len(cell.source.splitlines()) > LONGEST_CODE_CELL]
     assert not too_long, "code cells (index, lines) over %d lines" % LONGEST_CODE_CELL
+
+
+def code_of(name):
+    nb = nbformat.read(TUTORIAL / name, as_version=4)
+    return "\n".join(cell.source for cell in nb.cells if cell.cell_type == "code")
+
+
+def test_the_shared_set_up_is_written_once_and_imported_by_the_other_notebooks():
+    # 1-Servers builds free_port and start_server in view; the others import them
+    for name in ALL_NOTEBOOKS:
+        code = code_of(name)
+        if name == "1-Servers.ipynb":
+            assert "def free_port" in code and "def start_server" in code
+        elif "tf.compat.v1.train.ClusterSpec" in code:  # every notebook that starts a cluster
+            assert "from tutorial_cluster import" in code, name
+            assert "def free_port" not in code and "def start_server" not in code, name
+
+
+@pytest.mark.parametrize("name", ALL_NOTEBOOKS)
+def test_a_notebook_hands_back_named_values_and_reads_no_private_attribute(name):
+    code = code_of(name)
+    assert "SimpleNamespace" not in code  # a namedtuple says what a function hands back
+    assert not re.findall(r"\w\._[a-z]\w*", code)  # e.g. SyncReplicasOptimizer._accumulator_list
 
 
 def test_every_notebook_of_the_tutorial_is_tested_and_listed_in_its_readme():

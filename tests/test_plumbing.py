@@ -199,6 +199,7 @@ def batches_of(train, worker, num_workers, n):
     with tf.Graph().as_default():
         _, y = train.training_batches(data, 32, worker, num_workers, seed=0)
         with tf.compat.v1.Session() as s:
+            train.start_the_data(s, 0)
             return [frozenset(s.run(y).tolist()) for _ in range(n)]
 
 

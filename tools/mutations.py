@@ -30,9 +30,9 @@ def node(path, *tests):
 
 # the chief's restore at a resume, as the appendix of Distributed-Setup and Evolution-Strategies
 # writes it, and a restore of the global step alone over freshly initialised variables
-RESTORE = "                    self.saver.restore(session, checkpoint)\n"
-RESTORE_ONLY_THE_STEP = ("                    session.run(self.initialise)\n"
-                         "                    self.global_step.load("
+RESTORE = "                self.saver.restore(session, checkpoint)\n"
+RESTORE_ONLY_THE_STEP = ("                session.run(self.initialise)\n"
+                         "                self.global_step.load("
                          "tf.train.load_variable(checkpoint, 'global_step'), session)\n")
 ELASTIC = "tests/test_examples_end_to_end.py::test_the_chief_evaluates_the_centre_not_its_own_copy"
 # EAMSGD's rule tests, and the exchange test it shares with AEASGD
@@ -67,9 +67,54 @@ MUTATIONS = [
              node(DATA_FILES, "test_an_npz_reaches_each_worker_as_its_own_shard_and_never_as_a_"
                   "constant_of_the_graph"), None),
     Mutation("TFRecord test files: the last, smaller batch dropped", "Distributed-Setup/train.py",
-             "    if xs:\n        yield batch(xs, ys)", "    if False:\n        yield batch(xs, ys)",
+             ".batch(size).map(parse_records(data))",
+             ".batch(size, drop_remainder=True).map(parse_records(data))",
              node(DATA_FILES, "test_the_test_files_stream_in_batches_of_the_size_asked_holding_"
                   "the_whole_test_set"), None),
+    Mutation("An .npz's integer pixels reach the model unscaled", "Distributed-Setup/train.py",
+             "examples.map(lambda xs, ys: (tf.cast(xs, tf.float32) / scale, ys))",
+             "examples.map(lambda xs, ys: (tf.cast(xs, tf.float32), ys))",
+             node(DATA_FILES, "test_integer_pixels_reach_the_model_scaled_by_the_training_sets_"
+                  "largest_value"), None),
+    Mutation("The classes counted in the training labels alone", "Distributed-Setup/train.py",
+             "num_classes = int(max(y_train.max(), y_test.max())) + 1",
+             "num_classes = int(y_train.max()) + 1",
+             node(DATA_FILES, "test_the_number_of_classes_counts_the_test_sets_labels_too"), None),
+    Mutation("An .npz shard in the same order every epoch", "Distributed-Setup/train.py",
+             "examples = examples.shuffle(len(x) // num_workers + 1, seed=seed)",
+             "examples = examples.shuffle(len(x) // num_workers + 1, seed=seed,\n"
+             "                            reshuffle_each_iteration=False)",
+             node(DATA_FILES, "test_each_workers_shard_of_an_npz_comes_in_a_new_order_every_"
+                  "epoch_and_every_session"), None),
+    Mutation("Every worker draws its shard in the same order", "Distributed-Setup/train.py",
+             "dataset((seed * 1000 + worker_index) * 1000003 + start_step))",
+             "dataset(seed * 1000003 + start_step))",
+             node(DATA_FILES, "test_each_workers_shard_of_an_npz_comes_in_a_new_order_every_"
+                  "epoch_and_every_session"), None),
+    Mutation("A new session replays the mini-batches the run began with",
+             "Distributed-Setup/train.py",
+             "start_the_data(session, session.run(self.global_step))",
+             "start_the_data(session, 0)",
+             node(DATA_FILES, "test_a_restarted_chief_does_not_replay_the_mini_batches_the_run_"
+                  "began_with"), None),
+    Mutation("TFRecord files of two writes, or of a write not whole, read as one",
+             "Distributed-Setup/train.py",
+             "if len(totals) != 1 or not totals[0].isdigit() or int(totals[0]) != len(files):",
+             "if False:",
+             node(DATA_FILES, "test_a_folder_holding_shards_of_two_writes_is_refused_in_one_line",
+                  "test_training_files_that_are_not_one_whole_write_are_refused_in_one_line"),
+             None),
+    Mutation("A glob's test files taken as training files", "Distributed-Setup/train.py",
+             "    if tested:  # a glob", "    if False:  # a glob",
+             node(DATA_FILES,
+                  "test_training_files_that_are_not_one_whole_write_are_refused_in_one_line"),
+             None),
+    Mutation("TFRecord files that hold fewer examples than meta.json counts",
+             "Distributed-Setup/train.py",
+             'if meta.get(part + "_examples", counts[part]) != counts[part]:', "if False:",
+             node(DATA_FILES,
+                  "test_training_files_that_are_not_one_whole_write_are_refused_in_one_line"),
+             None),
     Mutation("EASGD: alpha's sign flipped (the worker moves away from the centre)",
              "EASGD/train.py", "p.assign_sub(args.alpha * d, read_value=False)",
              "p.assign_sub(-args.alpha * d, read_value=False)", "tests/test_easgd.py", RULE),
@@ -139,6 +184,19 @@ MUTATIONS = [
              RESTORE, RESTORE_ONLY_THE_STEP,
              node("tests/test_distributed_setup.py",
                   "test_a_rerun_with_the_same_log_dir_resumes_from_the_checkpoint"), None),
+    Mutation("Distributed-Setup (the appendix): the chief's prepare_session given the "
+             "checkpoint_dir, TensorFlow's default (a restarted chief rolls a live ps back)",
+             "Distributed-Setup/train.py",
+             "session = manager.prepare_session(self.server.target, config=config,",
+             "session = manager.prepare_session(self.server.target, config=config, "
+             "saver=self.saver, checkpoint_dir=args.log_dir,",
+             node("tests/test_distributed_setup.py", "test_a_restarted_chief_resumes_at_the_ps_"
+                  "global_step_where_tensorflow_would_roll_back"), None),
+    Mutation("DOWNPOUR (the appendix): the workers check for the chief every 30 s, "
+             "WorkerSessionCreator's default", "DOWNPOUR/train.py",
+             "recovery_wait_secs=1)", "recovery_wait_secs=30)",
+             node("tests/test_downpour.py", "test_downpour_workers_start_from_the_ps_values_"
+                  "through_the_session_barrier"), None),
     Mutation("Evolution-Strategies: a resumed chief initialises theta, restores only the step",
              "Evolution-Strategies/train.py",
              RESTORE, RESTORE_ONLY_THE_STEP,
