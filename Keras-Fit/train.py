@@ -383,10 +383,13 @@ def main(argv=None):
 #   4. checkpoints and resume; progress lines with the test
 #      metrics; TensorBoard summaries                             TrainingRun, progress
 #   5. the summary line                                           end, print_summary
-#   6. the data's way in: TFRecord files, each worker reading     read_records, records_dataset,
-#      its own; the test set in batches; a Keras model's weights  arrays_dataset, example_shape,
-#      as the parameters                                          test_batches, record_batches,
-#                                                                  keras_params, keras_logits
+#   6. the data's way in: TFRecord files, each worker reading     read_records, check_shards,
+#      its own; the test set in batches; a Keras model's weights  count_records, records_dataset,
+#      as the parameters (start_the_data: the tf.compat.v1        parse_records, arrays_dataset,
+#      examples')                                                 example_shape, test_batches,
+#                                                                  record_batches, session_stream,
+#                                                                  start_the_data, keras_params,
+#                                                                  keras_logits
 # >>> shared: flags
 def fail(message):
     """One line on stderr and exit status 2: for bad input and lost peers, never for bugs."""
@@ -541,18 +544,27 @@ def read_records(path):
     training files, as tools/npz_to_tfrecord.py writes them: train-*.tfrecord and
     test-*.tfrecord, each record a tf.train.Example with the features x (the example's array,
     its raw bytes) and y (its label: int64 for classes, float for a regression), and meta.json
-    (x_shape, x_dtype, x_scale: x is divided by it; num_classes: null for a regression)."""
+    (x_shape, x_dtype, x_scale: x is divided by it; num_classes: null for a regression;
+    train_examples and test_examples). The files of each part are all N of one write
+    (PART-K-of-N), holding the examples meta.json counts: never a glob's test files, nor an
+    older write's files left in the folder, trained on."""
     if os.path.isdir(path):
         folder, train_files = path, sorted(glob.glob(os.path.join(path, "train-*.tfrecord")))
     else:
         train_files = sorted(glob.glob(path))
         folder = os.path.dirname(train_files[0]) if train_files else os.path.dirname(path)
+    tested = [f for f in train_files if os.path.basename(f).startswith("test-")]
+    if tested:  # a glob as broad as DIR/*.tfrecord
+        fail("%s takes test files (%s) as training files: give the folder, or a glob of its "
+             "train-*.tfrecord" % (path, os.path.basename(tested[0])))
     if not train_files:
         fail("%s: no training files (train-*.tfrecord): give an .npz, or a folder of TFRecord "
              "files that tools/npz_to_tfrecord.py wrote" % path)
     test_files = sorted(glob.glob(os.path.join(folder, "test-*.tfrecord")))
     if not test_files:
         fail("%s: no test files (test-*.tfrecord) beside the training files" % folder)
+    check_shards(folder, train_files, "train")  # one write's, whole: not two writes' mixed
+    check_shards(folder, test_files, "test")
     try:
         with open(os.path.join(folder, "meta.json")) as f:
             meta = json.load(f)
@@ -561,13 +573,40 @@ def read_records(path):
     except (OSError, ValueError, KeyError, TypeError) as e:
         fail("%s: no readable meta.json (%s: %s) beside the TFRecord files: write them with "
              "python tools/npz_to_tfrecord.py DATA.npz FOLDER" % (folder, type(e).__name__, e))
-    for name in train_files + test_files:  # a TFRecord: the first record's length, then its data
-        with open(name, "rb") as f:
-            header = f.read(12)
-        length = int.from_bytes(header[:8], "little") if len(header) == 12 else -1
-        if not 0 < length <= os.path.getsize(name) - 16:
-            fail("%s is not a TFRecord file (tools/npz_to_tfrecord.py writes them)" % name)
+    counts = {part: sum(count_records(name) for name in files)
+              for part, files in (("train", train_files), ("test", test_files))}
+    for part in ("train", "test"):
+        if meta.get(part + "_examples", counts[part]) != counts[part]:
+            fail("%s: its %s files hold %d examples, meta.json says %d: files of another "
+                 "write? Write the folder again, into an empty one (tools/npz_to_tfrecord.py)"
+                 % (folder, part, counts[part], meta[part + "_examples"]))
     return Records(train_files, test_files, shape, dtype, scale, num_classes)
+
+
+def check_shards(folder, files, part):
+    """files are one write's PART-K-of-N.tfrecord, all N of them: not two writes' mixed."""
+    totals = sorted({os.path.basename(f).rsplit("-of-", 1)[-1].split(".")[0] for f in files})
+    if len(totals) != 1 or not totals[0].isdigit() or int(totals[0]) != len(files):
+        fail("%s: its %s files are not the %s of one write (%d file(s), %s): write the folder "
+             "again, into an empty one (tools/npz_to_tfrecord.py)" % (
+                 folder, part, "N files -of-N" if len(totals) == 1 else "same -of-N",
+                 len(files), " and ".join("-of-" + t for t in totals)))
+
+
+def count_records(name):
+    """The records in a TFRecord file, read from their headers alone (each: its length, 8
+    bytes, and its checksum, 4; then the data and its checksum). Not one: a one-line error."""
+    size, records, offset = os.path.getsize(name), 0, 0
+    with open(name, "rb") as f:
+        while offset < size:
+            header = f.read(12)
+            length = int.from_bytes(header[:8], "little") if len(header) == 12 else -1
+            if not 0 < length <= size - offset - 16:
+                fail("%s is not a TFRecord file (tools/npz_to_tfrecord.py writes them)" % name)
+            offset += 16 + length
+            f.seek(offset)
+            records += 1
+    return records
 
 
 def records_dataset(data, batch_size, worker_index, num_workers, seed):
@@ -581,20 +620,30 @@ def records_dataset(data, batch_size, worker_index, num_workers, seed):
              % (len(data.train_files), num_workers, num_workers))
     if isinstance(worker_index, int):
         mine = data.train_files[worker_index::num_workers]
-        print("[worker%d] reading %d of %d training files: %s" % (worker_index, len(mine), len(
-            data.train_files), ",".join(os.path.basename(f) for f in mine)), flush=True)
+        uneven = len(data.train_files) % num_workers
+        print("[worker%d] reading %d of %d training files: %s%s" % (
+            worker_index, len(mine), len(data.train_files), ",".join(
+                os.path.basename(f) for f in mine), "" if not uneven else (
+                " (uneven: %d files over %d workers, so the examples of a worker with fewer "
+                "files come more often; write a multiple of %d shards)" % (
+                    len(data.train_files), num_workers, num_workers))), flush=True)
     files = tf.data.Dataset.from_tensor_slices(data.train_files).shard(num_workers, worker_index)
     records = files.shuffle(len(data.train_files), seed=seed).interleave(
         tf.data.TFRecordDataset, cycle_length=4, num_parallel_calls=tf.data.AUTOTUNE)
     records = records.shuffle(10000, seed=seed).repeat().batch(batch_size, drop_remainder=True)
+    return records.map(parse_records(data), tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
 
-    def parse(serialized):  # a batch of tf.train.Examples: x in float32, scaled, and y
+
+def parse_records(data):
+    """The parser of a batch of the files' records (tf.train.Examples): x in float32, scaled
+    to [0, 1], and y. Training and the chief's test set read the files through this one."""
+    def parse(serialized):
         features = tf.io.parse_example(serialized, {
             "x": tf.io.FixedLenFeature([], tf.string),
             "y": tf.io.FixedLenFeature([], tf.int64 if data.num_classes else tf.float32)})
         x = tf.reshape(tf.io.decode_raw(features["x"], data.dtype), (-1,) + data.shape)
         return tf.cast(x, tf.float32) / data.scale, features["y"]
-    return records.map(parse, tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
+    return parse
 
 
 def arrays_dataset(x, y, worker_index, num_workers, seed):
@@ -634,21 +683,41 @@ def test_batches(test_set, size=1000):
 
 
 def record_batches(data, size):
-    """The test files' examples, size at a time, parsed in Python as they are read."""
-    def batch(xs, ys):
-        x = np.stack(xs).reshape((-1,) + data.shape).astype(np.float32) / np.float32(data.scale)
-        return x, np.array(ys, np.int64 if data.num_classes else np.float32)
-    xs, ys = [], []
-    for name in data.test_files:
-        for record in tf.compat.v1.io.tf_record_iterator(name):
-            feature = tf.train.Example.FromString(record).features.feature
-            xs.append(np.frombuffer(feature["x"].bytes_list.value[0], data.dtype))
-            ys.append((feature["y"].int64_list.value or feature["y"].float_list.value)[0])
-            if len(xs) == size:
-                yield batch(xs, ys)
-                xs, ys = [], []
-    if xs:
-        yield batch(xs, ys)
+    """The test files' examples, size at a time, as they stream from the files: a
+    TFRecordDataset parsed as training parses them (parse_records), in a graph of its own."""
+    with tf.Graph().as_default():
+        batches = tf.data.TFRecordDataset(data.test_files).batch(size).map(parse_records(data))
+        next_batch = tf.compat.v1.data.make_one_shot_iterator(batches).get_next()
+        with tf.compat.v1.Session() as session:
+            while True:
+                try:
+                    x, y = session.run(next_batch)
+                except tf.errors.OutOfRangeError:
+                    return
+                yield x, y
+
+
+DATA_STARTS = ("data_starts", "data_start_steps")  # session_stream's: graph collections
+
+
+def session_stream(dataset, seed, worker_index):
+    """The next element of dataset(session_seed), as tensors of the graph. Every session starts
+    the stream anew (start_the_data), its seed drawn from seed, this worker and the global step
+    at the session's start: no two workers share an order, and after a restart or a resume a
+    worker does not replay the mini-batches it began with."""
+    start_step = tf.compat.v1.placeholder_with_default(np.int64(0), [], name="data_start_step")
+    iterator = tf.compat.v1.data.make_initializable_iterator(
+        dataset((seed * 1000 + worker_index) * 1000003 + start_step))
+    tf.compat.v1.add_to_collection(DATA_STARTS[0], iterator.initializer)
+    tf.compat.v1.add_to_collection(DATA_STARTS[1], start_step)
+    return iterator.get_next()
+
+
+def start_the_data(session, global_step):
+    """Start every training stream of the graph (session_stream) in a new session, at
+    global_step."""
+    starts, steps = (tf.compat.v1.get_collection(name) for name in DATA_STARTS)
+    session.run(starts, {step: global_step for step in steps})
 # <<< shared: data files
 
 
