@@ -291,7 +291,9 @@ def progress_callback(args, cluster, data, is_chief, minibatches_per_step, last_
 
         def evaluate(self, global_step, loss=None):
             totals, examples = {}, 0
-            for x, y in test_batches(data):
+            # read whole first: a TFRecord test set streams from a session whose graph stays
+            # the default graph while it yields, and the model would run in that graph
+            for x, y in list(test_batches(data)):
                 for name, value in model_metrics(self.model, x, y).items():
                     totals[name] = totals.get(name, 0.0) + float(value) * len(x)
                 examples += len(x)
