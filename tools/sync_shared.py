@@ -28,7 +28,7 @@ ONE_CLIENT = ("In-Graph-Replication", "Model-Parallel-Pipeline")  # worker 0 dri
 # The examples, by name: a folder copied inside the repository (a user's own job, its Data and
 # Model replaced) is none of them, so its sections are never written back to the MLP's
 EXAMPLES = ("ADAG", "AEASGD", "DOWNPOUR", "DiLoCo", "Distributed-Setup", "DynSGD", "EAMSGD",
-            "EASGD", "Evolution-Strategies", "Gradient-Compression", "Hogwild",
+            "EASGD", "Evolution-Strategies", "Gradient-Compression", "Hogwild", "Keras-Fit",
             "In-Graph-Replication", "Model-Parallel-Pipeline", "MultiWorkerMirroredStrategy",
             "Non-Distributed-Setup", "ParameterServerStrategy", "Sparse-Embeddings",
             "Sparse-Embeddings-TF2", "Sync-SGD")
