@@ -528,16 +528,20 @@ def test_batches(test_set, size=1000):
 def record_batches(data, size):
     """The test files' examples, size at a time, as they stream from the files: a
     TFRecordDataset parsed as training parses them (parse_records), in a graph of its own."""
-    with tf.Graph().as_default():
+    graph = tf.Graph()
+    with graph.as_default():  # left before the first yield: the caller's graph stays its own
         batches = tf.data.TFRecordDataset(data.test_files).batch(size).map(parse_records(data))
         next_batch = tf.compat.v1.data.make_one_shot_iterator(batches).get_next()
-        with tf.compat.v1.Session() as session:
-            while True:
-                try:
-                    x, y = session.run(next_batch)
-                except tf.errors.OutOfRangeError:
-                    return
-                yield x, y
+    session = tf.compat.v1.Session(graph=graph)  # not as a "with": that makes it the default
+    try:
+        while True:
+            try:
+                x, y = session.run(next_batch)
+            except tf.errors.OutOfRangeError:
+                return
+            yield x, y
+    finally:
+        session.close()
 
 
 DATA_STARTS = ("data_starts", "data_start_steps")  # session_stream's: graph collections

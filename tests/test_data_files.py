@@ -92,6 +92,20 @@ def test_the_test_files_stream_in_batches_of_the_size_asked_holding_the_whole_te
     assert [int(v) for _, y in batches for v in y] == [n % 3 for n in numbers]
 
 
+@pytest.mark.parametrize("example", ["Distributed-Setup", "ParameterServerStrategy"])
+def test_the_test_files_stream_and_leave_the_callers_default_graph_as_it_was(records, example):
+    # the chief evaluates between two batches of the stream: in TensorFlow 2 (eager) and in a
+    # tf.compat.v1 graph alike, its own ops must not land in the stream's graph
+    module = load_train_module(example)
+    tf = module.tf
+    data = module.load_dataset(str(records))
+    before = tf.compat.v1.get_default_graph()
+    batches = module.test_batches(data, size=8)
+    next(batches)
+    assert tf.compat.v1.get_default_graph() is before
+    assert sum(len(x) for x, _ in batches) == 30 - 8
+
+
 def test_two_workers_train_from_tfrecord_shards_each_naming_the_files_it_reads(tmp_path):
     from sklearn.datasets import load_digits
     digits = load_digits()
