@@ -9,6 +9,23 @@ from support.runs import DefaultRuns, run_example as run_example_in
 skip_keras_at_import()  # before any test imports TensorFlow (support/examples.py says why)
 
 
+def room_for_threads(pid_max=4194304):
+    """The in-process clusters' gRPC servers keep their threads until a test process ends: two
+    xdist workers reached some 22,000 threads, and with the default pid_max (32768) a later
+    run.sh's TensorFlow failed to start one ("Resource temporarily unavailable"). Raised where
+    this may write it (as root, as CI runs); otherwise left as it is."""
+    try:
+        with open("/proc/sys/kernel/pid_max") as f:
+            if int(f.read()) < pid_max:
+                with open("/proc/sys/kernel/pid_max", "w") as f:
+                    f.write(str(pid_max))
+    except (OSError, ValueError):
+        pass
+
+
+room_for_threads()
+
+
 @pytest.fixture
 def run_example(tmp_path):
     """run_example(example, *args, env=..., timeout=..., log_dir=...) -> Run, its run.sh started
