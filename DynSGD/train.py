@@ -770,6 +770,19 @@ def is_listening(address):
     return True
 
 
+def port_taken(address):
+    """Whether something answers at address, or holds its port on this host (a client's
+    connection the kernel gave that port, too): the bind a TensorFlow server makes, on every
+    interface and with SO_REUSEADDR, so that a port left in TIME_WAIT counts as free."""
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("", int(address.rsplit(":", 1)[1])))
+        except OSError:
+            return True
+    return is_listening(address)
+
+
 def wait_for(condition, seconds=float("inf"), waiting=None):
     """Whether condition() came true within seconds (it is checked four times a second). If the
     wait is long, waiting() says every 30 s what this task waits for: a line a user can act on."""
@@ -861,8 +874,8 @@ def resolve_cluster(args):
             sys.exit(0)
     check_cluster(cluster, job, index)
     args.job_name, args.task_index = job, index
-    if is_listening(cluster[job][index]):  # in one line here, rather than deep inside gRPC
-        fail("%s %d: port %s is already in use: by an earlier run?"
+    if port_taken(cluster[job][index]):  # in one line here, rather than deep inside gRPC
+        fail("%s %d: port %s is already in use: by an earlier run, or another program?"
              % (job, index, cluster[job][index]))
     return cluster
 

@@ -771,6 +771,19 @@ def is_listening(address):
     return True
 
 
+def port_taken(address):
+    """Whether something answers at address, or holds its port on this host (a client's
+    connection the kernel gave that port, too): the bind a TensorFlow server makes, on every
+    interface and with SO_REUSEADDR, so that a port left in TIME_WAIT counts as free."""
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("", int(address.rsplit(":", 1)[1])))
+        except OSError:
+            return True
+    return is_listening(address)
+
+
 def wait_for(condition, seconds=float("inf"), waiting=None):
     """Whether condition() came true within seconds (it is checked four times a second). If the
     wait is long, waiting() says every 30 s what this task waits for: a line a user can act on."""
@@ -881,8 +894,8 @@ def run_task(args, cluster, train, data):
     then worker 0 trains (it is the client: train(args, cluster, target, data)) and the others
     serve."""
     global tf  # loaded only now: bad input has failed in one line, without TensorFlow's start-up
-    if cluster and is_listening(cluster["worker"][args.task_index]):
-        fail("%s: port %s is already in use: by an earlier run?"
+    if cluster and port_taken(cluster["worker"][args.task_index]):
+        fail("%s: port %s is already in use: by an earlier run, or another program?"
              % (args.role, cluster["worker"][args.task_index]))
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before the import: no C++ info lines
     import tensorflow as tf

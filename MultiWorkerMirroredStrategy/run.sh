@@ -22,9 +22,21 @@ label() {  # prefix each line with the role; drop TensorFlow's start-up chatter 
 }
 [[ $NUM_WORKERS =~ ^[1-9][0-9]*$ ]] ||
   { echo "[run.sh] error: NUM_WORKERS must be a positive integer" >&2; exit 2; }
-hosts=($("$python" -c 'import socket, sys  # free ports; all stay bound until each is picked
-s = [socket.socket() for _ in range(int(sys.argv[1]))]; [x.bind(("localhost", 0)) for x in s]
-print(*["localhost:%d" % x.getsockname()[1] for x in s])' $NUM_WORKERS)) || exit 2
+hosts=($("$python" -c 'import random, socket, sys  # free ports, each bound until all are picked
+try:  # below the ports the kernel hands to clients: no connection can take one before its server
+    top = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+except (OSError, ValueError):
+    top = 32768
+probes, count = [], int(sys.argv[1])
+for port in random.sample(range(10000, top), max(top - 10000, 0)) + [0] * count:
+    probes.append(socket.socket())
+    try:
+        probes[-1].bind(("", port))
+    except OSError:
+        probes.pop().close()
+    if len(probes) == count:
+        break
+print(*["localhost:%d" % p.getsockname()[1] for p in probes])' $NUM_WORKERS)) || exit 2
 worker_hosts=$(IFS=,; echo "${hosts[*]}")
 for ((i = 0; i < NUM_WORKERS; i++)); do start worker $i; done
 

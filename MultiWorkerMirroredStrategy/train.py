@@ -749,6 +749,19 @@ def is_listening(address):
     return True
 
 
+def port_taken(address):
+    """Whether something answers at address, or holds its port on this host (a client's
+    connection the kernel gave that port, too): the bind a TensorFlow server makes, on every
+    interface and with SO_REUSEADDR, so that a port left in TIME_WAIT counts as free."""
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("", int(address.rsplit(":", 1)[1])))
+        except OSError:
+            return True
+    return is_listening(address)
+
+
 def wait_for(condition, seconds=float("inf"), waiting=None):
     """Whether condition() came true within seconds (it is checked four times a second). If the
     wait is long, waiting() says every 30 s what this task waits for: a line a user can act on."""
@@ -829,8 +842,8 @@ def start_tensorflow(args, cluster):
     """Check this task's port, then load TensorFlow (eager, as TensorFlow 2 runs)."""
     global tf  # loaded only now: bad input has failed in one line, without TensorFlow's start-up
     address = cluster[args.job_name][args.task_index]
-    if is_listening(address):  # in one line here, rather than deep inside gRPC
-        fail("%s %d: port %s is already in use: by an earlier run?"
+    if port_taken(address):  # in one line here, rather than deep inside gRPC
+        fail("%s %d: port %s is already in use: by an earlier run, or another program?"
              % (args.job_name, args.task_index, address))
     if os.environ.get("VERBOSE") != "1":  # before the import: TensorFlow's C++ log reports
         os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"  # every peer that leaves as an error

@@ -61,15 +61,21 @@ def test_bad_input_gets_one_clear_line_and_a_non_zero_exit_before_tensorflow_loa
     assert not tensorflow_loaded, "TensorFlow was loaded before the flags were checked"
 
 
-def test_a_port_already_in_use_is_reported(tmp_path):
-    busy = socket.socket()
-    busy.bind(("", 0))
-    busy.listen(1)
+@pytest.mark.parametrize("holder", ["a listener", "a client's connection"])
+def test_a_port_already_in_use_is_reported(holder):
+    """Also a port no one listens on but a client's connection holds (the kernel hands out the
+    same ports to clients): gRPC then cannot bind it, and used to end in a traceback."""
+    server = socket.socket()
+    server.bind(("localhost", 0))
+    server.listen(1)
+    client = socket.create_connection(server.getsockname()) if holder != "a listener" else None
+    busy = client or server
     port = busy.getsockname()[1]
     try:
         code, _, stderr = run_train("Distributed-Setup", ["--job_name", "ps"] + cluster(ps=port))
     finally:
-        busy.close()
+        for s in (client, server):
+            s and s.close()
     assert code == 2 and "ps 0: port localhost:%d is already in use" % port in stderr, stderr
     assert "Traceback" not in stderr
 
