@@ -18,14 +18,20 @@ Distributed-Setup pulls and pushes a mini-batch take 19 ms at 1 Gbit/s), --steps
 mini-batches in all. Links are unlimited and
 1 Gbit/s by default (--bandwidth).
 
+Every cell, the baseline included, runs --repeats times (3 by default), the rounds one after
+the other so that a slow spell of the machine falls on every cell alike: one run a cell cannot
+tell a scheme's cost from the machine's noise (one host's own rate varies by some 10% between
+runs). The tables give each figure's median over the runs and, after it, their range; a
+speed-up is each run's rate over the median of one host's.
+
 Writes into --out:
   scaling.md    one row per example, workers and link rate: mini-batches/s (all workers),
                 speed-up over one host, parallel efficiency (speed-up / workers), seconds to
-                0.95 test accuracy and its speed-up;
-  speed_up.png   speed-up against workers, one line per example, the ideal line, one panel per
-                link rate;
+                0.95 test accuracy and its speed-up: medians, with their ranges;
+  speed_up.png   speed-up against workers, one line per example (the median, a bar over the
+                range), the ideal line, one panel per link rate;
   logs/scaling-*  every run's output and metrics (cluster.py's report, with each host's CPU
-                seconds, included).
+                seconds, included); a repeat's tag ends in -r2, -r3, ...
 
 Evolution-Strategies is left out unless --examples names it: its work is --population forward
 passes per mini-batch, so at this workload a generation takes seconds and its speed-up measures
@@ -68,9 +74,42 @@ def parser(prog):
                         "(default: unlimited,1gbit)")
     p.add_argument("--examples", default="",
                    help="comma-separated distributed examples (default: all)")
+    p.add_argument("--repeats", type=int, default=3, metavar="R",
+                   help="runs of every cell, the baseline's included: the tables give the "
+                        "median and the range (default: 3)")
     p.add_argument("--quick", action="store_true",
-                   help="100 steps, 2 workers at most: a smoke run that publishes nothing")
+                   help="100 steps, 2 workers at most, one run a cell: a smoke run that "
+                        "publishes nothing")
     return p
+
+
+def runs_of(metrics):
+    """A cell's runs: a list of metrics, or one run's metrics alone."""
+    return metrics if isinstance(metrics, list) else [metrics]
+
+
+def spread(values, form="%.2f"):
+    """The median of values, and their range after it where there are several."""
+    middle = form % statistics.median(values)
+    if len(values) == 1:
+        return middle
+    return "%s (%s-%s)" % (middle, form % min(values), form % max(values))
+
+
+def one_host_rate(baseline):
+    """One host's mini-batches/s: the median of the baseline's runs."""
+    return statistics.median(mini_batches_per_sec(m) for m in runs_of(baseline))
+
+
+def speed_ups(metrics, one_host):
+    """Each run's rate over one host's."""
+    return [mini_batches_per_sec(m) / one_host for m in runs_of(metrics)]
+
+
+def median_time_to_target(metrics, goal):
+    """The median seconds to goal over the runs that reached it; None where none did."""
+    times = [s for s in (time_to_target(m, goal) for m in runs_of(metrics)) if s is not None]
+    return statistics.median(times) if times else None
 
 
 def worker_counts(text):
@@ -78,6 +117,12 @@ def worker_counts(text):
     if not counts or counts[0] < 1:
         raise ValueError("--workers: give counts of 1 or more, such as 1,2,3")
     return counts
+
+
+def repeat_tag(tag, run):
+    """The tag of a cell's run-th run: the first keeps the cell's own, so that earlier logs
+    still redraw."""
+    return tag if run == 1 else "%s-r%d" % (tag, run)
 
 
 def run_baseline(args, who, tag="scaling-%s" % BASELINE, seed=None, workload=WORKLOAD):
@@ -114,33 +159,40 @@ def run_baseline(args, who, tag="scaling-%s" % BASELINE, seed=None, workload=WOR
 
 
 def write_table(path, results, baseline, settings):
-    one_host = mini_batches_per_sec(baseline)
+    """results: (example, workers, link rate) -> a cell's metrics, or a list of its runs';
+    baseline: one host's, the same way. Each figure is a median, its range after it."""
+    one_host = one_host_rate(baseline)
     goal = settings.get("target", example_runs.TARGET)  # the problem's (example_runs.TARGETS)
-    one_host_target = time_to_target(baseline, goal)
+    one_host_target = median_time_to_target(baseline, goal)
     lines = ["| example | workers | links | mini-batches/s | speed-up | efficiency "
              "| s to %.2f | its speed-up |" % goal, "|---|---|---|---|---|---|---|---|",
-             "| %s (one process) | 1 | none | %.1f | 1.00 | 1.00 | %s | 1.00 |" % (
-                 BASELINE, one_host, "%.1f" % one_host_target if one_host_target else "n/a")]
+             "| %s (one process) | 1 | none | %s | 1.00 | 1.00 | %s | 1.00 |" % (
+                 BASELINE, spread([mini_batches_per_sec(m) for m in runs_of(baseline)], "%.1f"),
+                 "%.1f" % one_host_target if one_host_target else "n/a")]
     for (example, workers, label), metrics in results.items():
-        rate = mini_batches_per_sec(metrics)
-        target = time_to_target(metrics, goal)
+        ups = speed_ups(metrics, one_host)
+        target = median_time_to_target(metrics, goal)
         target_speed_up = (one_host_target / target) if target and one_host_target else None
-        lines.append("| %s | %d | %s | %.1f | %.2f | %.2f | %s | %s |" % (
-            example, workers, label, rate, rate / one_host, rate / one_host / workers,
-            "%.1f" % target if target else "n/a",
+        lines.append("| %s | %d | %s | %s | %s | %s | %s | %s |" % (
+            example, workers, label,
+            spread([mini_batches_per_sec(m) for m in runs_of(metrics)], "%.1f"), spread(ups),
+            spread([u / workers for u in ups]), "%.1f" % target if target else "n/a",
             "%.2f" % target_speed_up if target_speed_up else "n/a"))
     most = max(workers for _, workers, _ in results)
     lines.append("")
     for label in dict.fromkeys(label for _, _, label in results):  # each rate, in run order
-        speed_ups = sorted(mini_batches_per_sec(m) / one_host
-                           for (_, workers, rate), m in results.items()
-                           if workers == most and rate == label)
+        medians = sorted(statistics.median(speed_ups(m, one_host))
+                         for (_, workers, rate), m in results.items()
+                         if workers == most and rate == label)
         lines.append("With %d workers, links %s: %.2f to %.2f times one host, median %.2f."
-                     % (most, label, speed_ups[0], speed_ups[-1], statistics.median(speed_ups)))
+                     % (most, label, medians[0], medians[-1], statistics.median(medians)))
+    repeats = max(len(runs_of(m)) for m in list(results.values()) + [baseline])
     lines += ["", "Every host %g core(s) (a cgroup CPU quota of its own); --hidden 4096, "
-              "--batch_size %d, %d mini-batches a run; %d CPU core(s) in all. Measured with "
-              "`%s`." % (settings["cpus"], settings["batch_size"], settings["steps"],
-                         os.cpu_count(), settings["command"])]
+              "--batch_size %d, %d mini-batches a run; %d CPU core(s) in all; %s. Measured "
+              "with `%s`." % (settings["cpus"], settings["batch_size"], settings["steps"],
+                             os.cpu_count(), "one run a cell" if repeats == 1 else
+                             "medians of %d runs a cell, the range in brackets" % repeats,
+                             settings["command"])]
     text = "\n".join(lines) + "\n"
     with open(path, "w") as f:
         f.write(text)
@@ -153,7 +205,7 @@ def bounds_table(results, baseline):
     wire, how much of its bandwidth the busiest link used (a limited rate only: near 1.00, the
     link is the bound), and the CPU seconds the ps used in the whole run, start-up included
     (it spends them serving the bytes and applying the updates)."""
-    one_host = mini_batches_per_sec(baseline)
+    one_host = one_host_rate(baseline)
     most = max(workers for _, workers, _ in results)
     lines = ["| example | links | a worker's pace / one host | kB per mini-batch "
              "| busiest link's use of its bandwidth | ps CPU seconds |",
@@ -161,55 +213,63 @@ def bounds_table(results, baseline):
     for (example, workers, label), metrics in results.items():
         if workers != most:
             continue
-        report = metrics.get("cluster", {})
-        ps_cpu = [v for k, v in report.items() if k.startswith("cpu_seconds_ps")]
-        lines.append("| %s | %s | %.2f | %s | %s | %s |" % (
-            example, label, mini_batches_per_sec(metrics) / most / one_host,
-            "%.0f" % (report["bytes_per_mini_batch"] / 1e3) if "bytes_per_mini_batch" in report
-            else "n/a",
-            "%.2f" % report["fraction_of_bound"] if "fraction_of_bound" in report else "n/a",
-            "%.1f" % sum(ps_cpu) if ps_cpu else "n/a"))
+        reports = [m.get("cluster", {}) for m in runs_of(metrics)]
+        median = lambda key, scale=1.0: statistics.median(r[key] * scale for r in reports) if all(
+            key in r for r in reports) else None
+        kb, fraction = median("bytes_per_mini_batch", 1e-3), median("fraction_of_bound")
+        ps_cpu = [sum(v for k, v in r.items() if k.startswith("cpu_seconds_ps")) for r in reports
+                  if any(k.startswith("cpu_seconds_ps") for k in r)]
+        lines.append("| %s | %s | %s | %s | %s | %s |" % (
+            example, label, spread([u / most for u in speed_ups(metrics, one_host)]),
+            "%.0f" % kb if kb is not None else "n/a",
+            "%.2f" % fraction if fraction is not None else "n/a",
+            "%.1f" % statistics.median(ps_cpu) if ps_cpu else "n/a"))
     return "\n".join(lines) + "\n"
 
 
 def example_sections(results, baseline, settings):
     """One paragraph per example for its own README: its speed-up with the most workers, at
     each link rate, from the same run as the table."""
-    one_host = mini_batches_per_sec(baseline)
+    one_host = one_host_rate(baseline)
     most = max(workers for _, workers, _ in results)
     sections = {}
     for example in dict.fromkeys(example for example, _, _ in results):
-        measured = [(label, mini_batches_per_sec(m) / one_host)
-                    for (e, workers, label), m in results.items()
+        measured = [(label, speed_ups(m, one_host)) for (e, workers, label), m in results.items()
                     if e == example and workers == most]
         if not measured:
             continue
         rate_name = lambda label: ("unlimited links" if label == "unlimited" else
                                    label.replace("gbit", " Gbit/s").replace("mbit", " Mbit/s"))
-        figures = " and ".join("%.2f times %s at %s (efficiency %.2f)" % (
-            speed_up, "its mini-batches/s" if i == 0 else "", rate_name(label), speed_up / most)
-            for i, (label, speed_up) in enumerate(measured)).replace("  ", " ")
+        figures = " and ".join("%s times %s at %s (efficiency %.2f)" % (
+            spread(ups), "its mini-batches/s" if i == 0 else "", rate_name(label),
+            statistics.median(ups) / most)
+            for i, (label, ups) in enumerate(measured)).replace("  ", " ")
         sections[example] = (
             "Measured speed-up: %s with %d workers, each a host of %g core (a CPU quota of "
             "its own), against one such host running %s: %s. Workload "
-            "`--hidden 4096 --batch_size %d`, %d mini-batches; `%s`.\n" % (
+            "`--hidden 4096 --batch_size %d`, %d mini-batches%s; `%s`.\n" % (
                 example, most, settings["cpus"], BASELINE, figures, settings["batch_size"],
-                settings["steps"], settings["command"]))
+                settings["steps"], "" if len(measured[0][1]) == 1 else
+                "; the median of %d runs, the range in brackets" % len(measured[0][1]),
+                settings["command"]))
     return sections
 
 
 def plot_speed_up(path, results, baseline, rates, counts):
     plt = example_runs.pyplot()
-    one_host = mini_batches_per_sec(baseline)
+    one_host = one_host_rate(baseline)
     figure, axes = plt.subplots(1, len(rates), figsize=(6 * len(rates) + 3, 5), sharey=True,
                                 squeeze=False)
     examples = sorted({example for example, _, _ in results})
     for ax, (label, _) in zip(axes[0], rates):
         ax.plot(counts, counts, color="black", linestyle=":", label="ideal")
         for i, example in enumerate(examples):
-            ys = [mini_batches_per_sec(results[(example, n, label)]) / one_host for n in counts
-                  if (example, n, label) in results]
-            ax.plot(counts[:len(ys)], ys, label=example, **example_runs.line_style(i))
+            ups = [speed_ups(results[(example, n, label)], one_host) for n in counts
+                   if (example, n, label) in results]
+            ys = [statistics.median(u) for u in ups]
+            ax.errorbar(counts[:len(ys)], ys, yerr=[[y - min(u) for y, u in zip(ys, ups)],
+                                                    [max(u) - y for y, u in zip(ys, ups)]],
+                        label=example, capsize=3, **example_runs.line_style(i))
         ax.set_title("links: %s" % label)
         ax.set_xlabel("workers (hosts of their own)")
         ax.set_xticks(counts)
@@ -226,8 +286,11 @@ def main(argv=None, prog="scaling.py"):
     args = example_runs.parse_run_flags(parser(prog), argv)
     try:
         counts = worker_counts(args.workers)
+        if args.repeats < 1:
+            raise ValueError("--repeats: give 1 or more runs a cell")
         if args.quick:
             args.steps, args.eval_every, counts = 100, 20, [n for n in counts if n <= 2]
+            args.repeats = 1
         rates = command_line.parse_rates(args.bandwidth)
         names = [e for e in example_runs.select_examples(args.examples) if e != BASELINE
                  and (e not in LEFT_OUT or args.examples)]
@@ -241,18 +304,23 @@ def main(argv=None, prog="scaling.py"):
     except (ValueError, RuntimeError, cluster.SetupError) as e:
         return command_line.error(str(e))
     who = os.path.splitext(prog)[0]
-    plan = [(e, n, label) for label, _ in rates for e in names for n in counts]
-    started = time.time()
-    progress = lambda i, what: print("[%d/%d] %s (%.0f s so far)" % (
-        i, len(plan) + 1, what, time.time() - started), file=sys.stderr, flush=True)
-    progress(1, "%s, one process on one host of %g cores" % (BASELINE, args.cpus))
-    baseline = run_baseline(args, who)
-    results = {}
-    for i, (example, n, label) in enumerate(plan, 2):
-        progress(i, "%s, %d worker(s), links %s" % (example, n, label))
-        results[(example, n, label)] = example_runs.run_example(
-            example, n, args, "scaling-%s-%d-%s" % (example, n, label), train_args=WORKLOAD,
-            bandwidth=label, cpus=args.cpus, who=who)
+    cells = [(e, n, label) for label, _ in rates for e in names for n in counts]
+    started, done, total = time.time(), 0, (len(cells) + 1) * args.repeats
+    baseline, results = [], {cell: [] for cell in cells}
+    for run in range(1, args.repeats + 1):  # round after round: the machine's drift falls evenly
+        for cell in [None] + cells:
+            done += 1
+            print("[%d/%d] %s, run %d of %d (%.0f s so far)" % (
+                done, total, "%s, one process on one host of %g cores" % (BASELINE, args.cpus)
+                if cell is None else "%s, %d worker(s), links %s" % cell, run, args.repeats,
+                time.time() - started), file=sys.stderr, flush=True)
+            if cell is None:
+                baseline.append(run_baseline(args, who, repeat_tag("scaling-" + BASELINE, run)))
+                continue
+            example, n, label = cell
+            results[cell].append(example_runs.run_example(
+                example, n, args, repeat_tag("scaling-%s-%d-%s" % cell, run),
+                train_args=WORKLOAD, bandwidth=label, cpus=args.cpus, who=who))
     os.makedirs(args.out, exist_ok=True)
     settings = dict(command=example_runs.rerun_command(prog, argv, sudo=True), cpus=args.cpus,
                     steps=args.steps, batch_size=args.batch_size, target=args.target)
@@ -267,10 +335,10 @@ def main(argv=None, prog="scaling.py"):
             published_tables.publish("scaling.py#" + example, text,
                            [os.path.join(example_runs.ROOT, example, "README.md")])
     plot_speed_up(os.path.join(args.out, "speed_up.png"), results, baseline, rates, counts)
-    speed_ups = [mini_batches_per_sec(m) / mini_batches_per_sec(baseline)
-                 for (_, n, _), m in results.items() if n == max(counts)]
+    most = [statistics.median(speed_ups(m, one_host_rate(baseline)))
+            for (_, n, _), m in results.items() if n == max(counts)]
     print("\nwrote scaling.md and speed_up.png to %s in %.0f s; median speed-up with %d workers: "
-          "%.2f" % (args.out, time.time() - started, max(counts), statistics.median(speed_ups)),
+          "%.2f" % (args.out, time.time() - started, max(counts), statistics.median(most)),
           file=sys.stderr)
     return 0
 

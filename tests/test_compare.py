@@ -679,6 +679,39 @@ def test_the_scaling_table_gives_speed_up_and_efficiency_against_one_host(tmp_pa
     assert (tmp_path / "scaling.md").read_text() == text
 
 
+def test_the_scaling_table_gives_each_cells_median_and_range_over_its_runs(tmp_path):
+    """Three runs a cell: the speed-ups are each run's rate over the median of one host's (40),
+    and the table, the bounds and the README's sentence give the median and the range."""
+    baseline = [fake_metrics(r, workers=1) for r in (38.0, 40.0, 44.0)]
+    results = {("DOWNPOUR", 3, "unlimited"): [fake_metrics(r, kb=k) for r, k in
+                                              ((100.0, 500.0), (108.0, 520.0), (96.0, 510.0))]}
+    text = scaling.write_table(str(tmp_path / "scaling.md"), results, baseline,
+                               dict(command="sudo python benchmarks/scaling.py", cpus=0.4,
+                                    steps=900, batch_size=512))
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in text.splitlines()
+            if line.startswith("| ") and not line.startswith("| example")]
+    assert rows[0][3] == "40.0 (38.0-44.0)"
+    assert rows[1][3:6] == ["100.0 (96.0-108.0)", "2.50 (2.40-2.70)", "0.83 (0.80-0.90)"]
+    assert "With 3 workers, links unlimited: 2.50 to 2.50 times one host, median 2.50." in text
+    assert "medians of 3 runs a cell, the range in brackets" in text
+    bounds = [[c.strip() for c in line.strip("|").split("|")]
+              for line in scaling.bounds_table(results, baseline).splitlines()[2:]]
+    assert bounds == [["DOWNPOUR", "unlimited", "0.83 (0.80-0.90)", "510", "n/a", "n/a"]]
+    section = scaling.example_sections(results, baseline, dict(
+        command="sudo python benchmarks/scaling.py", cpus=0.4, steps=900, batch_size=512))
+    assert ("2.50 (2.40-2.70) times its mini-batches/s at unlimited links (efficiency 0.83)"
+            in section["DOWNPOUR"]) and "the median of 3 runs" in section["DOWNPOUR"]
+    scaling.plot_speed_up(str(tmp_path / "speed_up.png"), results, baseline,
+                          [("unlimited", None)], [3])
+    assert (tmp_path / "speed_up.png").read_bytes().startswith(PNG_SIGNATURE)
+
+
+def test_scaling_repeats_keep_the_first_runs_tag_so_earlier_logs_redraw():
+    assert scaling.repeat_tag("scaling-DOWNPOUR-3-unlimited", 1) == "scaling-DOWNPOUR-3-unlimited"
+    assert scaling.repeat_tag("scaling-DOWNPOUR-3-unlimited", 2) == (
+        "scaling-DOWNPOUR-3-unlimited-r2")
+
+
 def test_scaling_writes_each_example_its_own_speed_up_and_what_bounds_it():
     baseline = fake_metrics(40.0, workers=1)
     results = {("DOWNPOUR", 1, "unlimited"): fake_metrics(36.0),
