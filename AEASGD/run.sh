@@ -22,21 +22,14 @@ label() {  # prefix each line with the role; drop TensorFlow's start-up chatter 
 }
 [[ $NUM_PS =~ ^[1-9][0-9]*$ && $NUM_WORKERS =~ ^[1-9][0-9]*$ ]] ||
   { echo "[run.sh] error: NUM_PS and NUM_WORKERS must be positive integers" >&2; exit 2; }
-hosts=($("$python" -c 'import random, socket, sys  # free ports, each bound until all are picked
-try:  # below the ports the kernel hands to clients: no connection can take one before its server
-    top = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
-except (OSError, ValueError):
-    top = 32768
-probes, count = [], int(sys.argv[1])
-for port in random.sample(range(10000, top), max(top - 10000, 0)) + [0] * count:
-    probes.append(socket.socket())
-    try:
-        probes[-1].bind(("", port))
-    except OSError:
-        probes.pop().close()
-    if len(probes) == count:
-        break
-print(*["localhost:%d" % p.getsockname()[1] for p in probes])' $((NUM_PS + NUM_WORKERS)))) || exit 2
+hosts=($("$python" -c 'import os, random, socket, sys  # free ports, below those the kernel
+f, s, n = "/proc/sys/net/ipv4/ip_local_port_range", [], int(sys.argv[1])  # gives clients, each
+top = int(open(f).read().split()[0]) if os.path.exists(f) else 32768  # bound until all are picked
+for p in random.sample(range(10000, top), max(top - 10000, 0)) + [0] * n:
+  if len(s) < n:
+    try: s.append(socket.socket()); s[-1].bind(("", p))
+    except OSError: s.pop().close()
+print(*["localhost:%d" % x.getsockname()[1] for x in s])' $((NUM_PS + NUM_WORKERS)))) || exit 2
 ps_hosts=$(IFS=,; echo "${hosts[*]:0:NUM_PS}") worker_hosts=$(IFS=,; echo "${hosts[*]:NUM_PS}")
 for ((i = 0; i < NUM_PS; i++)); do start ps $i; done
 for ((i = 0; i < NUM_WORKERS; i++)); do start worker $i; done

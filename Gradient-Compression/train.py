@@ -553,7 +553,8 @@ def no_round_in_time(args, name):
 # test keeps the copies equal):
 #   1. flags, each number of its type, and the cluster from them  parse_flags, number_type,
 #      or from TF_CONFIG; --data_path's file, checked             resolve_cluster, check_cluster,
-#                                                                  read_npz, Pixels, as_float32
+#                                                                  read_npz, Pixels, as_float32,
+#                                                                  port_taken
 #   2. each variable cut into a slice per ps, if asked            sharded_over_the_ps
 #   3. a failure ends the task in one line                        errors_in_one_line, fail, cause
 #   4. the session: a worker waits for the ps, then for the       Worker, reach_the_ps, wait_for,
@@ -1207,12 +1208,21 @@ class Worker(object):
     a run again: Evolution-Strategies' chief): that task restarted, or its session lost, ends
     it in one line."""
     NOT_STARTED, TRAINING = -2, -1
+    GLOBAL_STEP_READ = "global_step_read_op_cache"  # tensorflow/python/training/training_util.py
 
     def __init__(self, args, cluster, test_metrics, test_set, steps_per_update=1, rejoins=True):
         self.args, self.cluster, self.test_set = args, cluster, test_set
         self.steps_per_update, self.rejoins = steps_per_update, rejoins
         self.role, self.is_chief = "worker%d" % args.task_index, args.task_index == 0
         self.global_step = tf.compat.v1.train.get_or_create_global_step()
+        # TensorFlow's hooks fetch the global step with every step, through the read in the
+        # collection GLOBAL_STEP_READ; if it is empty they make one, a cond on an is-initialised
+        # check whose parts cross between worker and ps (6 tensors more a step). A plain read
+        # on the ps costs 1:
+        if not tf.compat.v1.get_collection(self.GLOBAL_STEP_READ):
+            with tf.compat.v1.device(self.global_step.device):
+                read = tf.identity(self.global_step, name="global_step_read")
+            tf.compat.v1.add_to_collection(self.GLOBAL_STEP_READ, read)
         x_test, y_test = next(test_batches(test_set, 1))  # an example: the placeholders' types
         with tf.compat.v1.device("/job:worker/task:%d" % args.task_index):
             self.test_x = tf.compat.v1.placeholder(x_test.dtype, (None,) + x_test.shape[1:])

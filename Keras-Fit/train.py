@@ -375,7 +375,8 @@ def main(argv=None):
 # in every TensorFlow 2 train.py (a test keeps the copies equal):
 #   1. flags, each number of its type, and the cluster from them  parse_flags, number_type,
 #      or from TF_CONFIG; --data_path's file, checked             tf2_cluster, check_cluster,
-#                                                                  read_npz, Pixels, as_float32
+#                                                                  read_npz, Pixels, as_float32,
+#                                                                  port_taken
 #   2. TensorFlow loads after the checks; a failure ends the task
 #      in one line                                                start_tensorflow, run_and_exit,
 #                                                                  fail, cause

@@ -301,7 +301,8 @@ def main(argv=None):
 #   1. flags, and the workers from them or from TF_CONFIG (neither:
 #      this process alone); --data_path's file, checked           parse_flags, resolve_workers,
 #                                                                  check_cluster, number_type,
-#                                                                  read_npz, Pixels, as_float32
+#                                                                  read_npz, Pixels, as_float32,
+#                                                                  port_taken
 #   2. TensorFlow loads after the checks; this task's server and
 #      its devices; a failure ends the task in one line           run_task, task_config, fail,
 #                                                                  cause
