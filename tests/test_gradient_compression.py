@@ -74,7 +74,7 @@ def gradient_like(kind, size=300 * 200, seed=0):
     rng = np.random.default_rng(seed)
     if kind == "normal":
         return rng.normal(size=size).astype(np.float32)
-    if kind == "heavy tail":
+    if kind == "heavy_tail":
         return rng.standard_cauchy(size=size).astype(np.float32)
     ties = np.round(rng.normal(size=size) * 4) / 4  # a few values, each taken many times
     ties[: size // 2] = 0.0
@@ -92,7 +92,7 @@ def uses_a_threshold(codec):
 
 
 @pytest.mark.rule
-@pytest.mark.parametrize("kind", ["normal", "heavy tail", "ties"])
+@pytest.mark.parametrize("kind", ["normal", "heavy_tail", "ties"])
 def test_sampled_top_k_sends_the_message_of_top_k_over_every_entry(kind):
     x = gradient_like(kind).reshape(300, 200)  # d = 60,000 >= TopK.SAMPLED_FROM: k = 600
     sampled = Codec("topk", x, "--topk_method", "sampled")
@@ -109,7 +109,7 @@ def test_sampled_top_k_sends_the_message_of_top_k_over_every_entry(kind):
 
 
 @pytest.mark.rule
-@pytest.mark.parametrize("kind", ["normal", "heavy tail", "ties"])
+@pytest.mark.parametrize("kind", ["normal", "heavy_tail", "ties"])
 def test_the_k_largest_above_any_threshold_are_top_ks_whether_k_or_fewer_reach_it(kind):
     # k or more reach it: top_k among those; fewer: top_k over all. Either way top_k's answer.
     import tensorflow as tf
