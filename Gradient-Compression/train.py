@@ -60,9 +60,8 @@ def example_flags(parser):
     parser.add_argument("--ratio", type=positive_float, default=0.01,
                         help="topk, randk: the fraction of each tensor's entries sent")
     parser.add_argument("--topk_method", default="sampled", choices=["sampled", "exact"],
-                        help="topk: how the k largest are found (default: sampled): top_k over "
-                             "the entries above a threshold from a 1%% sample, the same k at "
-                             "less cost; exact: top_k over every entry")
+                        help="topk: top_k over the entries above a threshold from a 1%% sample "
+                             "(the same k at less cost; the default) or over every entry")
     parser.add_argument("--levels", type=positive_int, default=127, help="qsgd: s, at most 127")
     parser.add_argument("--rank", type=positive_int, default=2, help="powersgd: r")
     parser.add_argument("--error_feedback", action=argparse.BooleanOptionalAction, default=True,
@@ -145,9 +144,6 @@ def model_metrics(params, x, y):
 
 
 # --- The algorithm --------------------------------------------------------------------------------
-GradientCompression = collections.namedtuple("GradientCompression", (
-    "global_params local_params global_step loss step resync update residuals ps_residuals "
-    "p sent error_feedback push_bytes pull_bytes"))
 PS = "/job:ps/task:0"  # where the messages meet: the queues and the ps's residual
 
 
@@ -186,6 +182,12 @@ def build_gradient_compression(args, task_index, workers, global_params, loss_of
     return GradientCompression(global_params, local_params, global_step, loss, step, resync,
                                update, residuals, ps_residuals, p, sent, error_feedback,
                                push_bytes, pull_bytes)
+
+
+# This worker's ops and tensors, as build_gradient_compression returns them
+GradientCompression = collections.namedtuple("GradientCompression", (
+    "global_params local_params global_step loss step resync update residuals ps_residuals "
+    "p sent error_feedback push_bytes pull_bytes"))
 
 
 # What the round trips share: this worker's place, the step's random seeds, and what the ps
