@@ -59,6 +59,9 @@ def example_flags(parser):
     parser.add_argument("--compressor", default="topk", choices=sorted(COMPRESSORS))
     parser.add_argument("--ratio", type=positive_float, default=0.01,
                         help="topk, randk: the fraction of each tensor's entries sent")
+    parser.add_argument("--topk_method", default="sampled", choices=["sampled", "exact"],
+                        help="topk: top_k over the entries above a threshold from a 1%% sample "
+                             "(the same k at less cost; the default) or over every entry")
     parser.add_argument("--levels", type=positive_int, default=127, help="qsgd: s, at most 127")
     parser.add_argument("--rank", type=positive_int, default=2, help="powersgd: r")
     parser.add_argument("--error_feedback", action=argparse.BooleanOptionalAction, default=True,
@@ -141,9 +144,6 @@ def model_metrics(params, x, y):
 
 
 # --- The algorithm --------------------------------------------------------------------------------
-GradientCompression = collections.namedtuple("GradientCompression", (
-    "global_params local_params global_step loss step resync update residuals ps_residuals "
-    "p sent error_feedback push_bytes pull_bytes"))
 PS = "/job:ps/task:0"  # where the messages meet: the queues and the ps's residual
 
 
@@ -182,6 +182,12 @@ def build_gradient_compression(args, task_index, workers, global_params, loss_of
     return GradientCompression(global_params, local_params, global_step, loss, step, resync,
                                update, residuals, ps_residuals, p, sent, error_feedback,
                                push_bytes, pull_bytes)
+
+
+# This worker's ops and tensors, as build_gradient_compression returns them
+GradientCompression = collections.namedtuple("GradientCompression", (
+    "global_params local_params global_step loss step resync update residuals ps_residuals "
+    "p sent error_feedback push_bytes pull_bytes"))
 
 
 # What the round trips share: this worker's place, the step's random seeds, and what the ps
@@ -361,16 +367,48 @@ class HalfPrecision(Compressor):
 
 class TopK(Compressor):
     """The k = ratio * d entries of largest magnitude: fp32 values and int32 flat indices, 8k
-    bytes (Lin et al. 2018; Stich et al. 2018)."""
+    bytes (Lin et al. 2018; Stich et al. 2018). --topk_method exact runs top_k over all d
+    entries, the costly part of a step on a small CPU. sampled (the default) finds the same k
+    with less work, as Lin et al. 2018 do: a threshold estimated from a random sample of the
+    entries lets about 2k of them through, and top_k runs over those only (largest_above); a
+    small tensor takes the exact way, cheap there."""
+    SAMPLED_FROM = 2 ** 15  # entries: a smaller tensor takes top_k over all of them
+    SAMPLE = 0.01  # the fraction of the entries sampled, at least 1024 of them
+    MARGIN = 2  # the threshold lets about MARGIN * k entries through: fewer than k only rarely
 
     def encode(self, x, seed):
         flat = tf.reshape(x, [-1])
-        indices = tf.math.top_k(tf.abs(flat), kept(self.args.ratio, flat.shape[0])).indices
+        magnitudes, d = tf.abs(flat), flat.shape[0]
+        k = kept(self.args.ratio, d)
+        if self.args.topk_method == "sampled" and d >= self.SAMPLED_FROM:
+            indices = largest_above(self.sampled_threshold(magnitudes, k, seed), magnitudes, k)
+        else:
+            indices = tf.math.top_k(magnitudes, k).indices
         return tf.gather(flat, indices), indices
+
+    def sampled_threshold(self, magnitudes, k, seed):
+        """A magnitude that about MARGIN * k of the d entries reach: the sample's entry with
+        MARGIN * k / d of the sample at or above it."""
+        d = magnitudes.shape[0]
+        size = max(1024, math.ceil(self.SAMPLE * d))
+        drawn = tf.random.stateless_uniform([size], seed, minval=0, maxval=d, dtype=tf.int32)
+        rank = min(size, math.ceil(self.MARGIN * k * size / d))
+        return tf.math.top_k(tf.gather(magnitudes, drawn), rank).values[-1]
 
     def decode(self, message, shape, seed):
         values, indices = message
         return tf.reshape(tf.scatter_nd(indices[:, None], values, [shape.num_elements()]), shape)
+
+
+def largest_above(threshold, magnitudes, k):
+    """The indices of the k largest magnitudes, in tf.math.top_k's order. When k or more
+    entries reach the threshold, the k largest are all among them, and top_k runs over those
+    candidates alone (kept in index order, so that ties fall as over all d); else over all d."""
+    candidates = tf.cast(tf.where(magnitudes >= threshold)[:, 0], tf.int32)
+    among_candidates = lambda: tf.gather(
+        candidates, tf.math.top_k(tf.gather(magnitudes, candidates), k).indices)
+    return tf.cond(tf.size(candidates) >= k, among_candidates,
+                   lambda: tf.math.top_k(magnitudes, k).indices)
 
 
 class RandomK(Compressor):

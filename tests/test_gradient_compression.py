@@ -68,6 +68,80 @@ def test_top_k_keeps_exactly_the_k_largest_magnitudes_in_8_bytes_each():
     assert codec.bytes == 8 * 5
 
 
+def gradient_like(kind, size=300 * 200, seed=0):
+    """Tensors a top-k meets: a normal's magnitudes, a heavy tail, and many ties (a rounded
+    update, whole blocks of it zero)."""
+    rng = np.random.default_rng(seed)
+    if kind == "normal":
+        return rng.normal(size=size).astype(np.float32)
+    if kind == "heavy_tail":
+        return rng.standard_cauchy(size=size).astype(np.float32)
+    ties = np.round(rng.normal(size=size) * 4) / 4  # a few values, each taken many times
+    ties[: size // 2] = 0.0
+    return ties.astype(np.float32)
+
+
+def top_k_reference(x, k):
+    """The flat indices of x's k largest magnitudes, larger first and, among equal ones, the
+    lower index first (tf.math.top_k's order)."""
+    return np.argsort(-np.abs(x).ravel(), kind="stable")[:k]
+
+
+def uses_a_threshold(codec):
+    return any(op.type == "Where" for op in codec.graph.get_operations())
+
+
+@pytest.mark.rule
+@pytest.mark.parametrize("kind", ["normal", "heavy_tail", "ties"])
+def test_sampled_top_k_sends_the_message_of_top_k_over_every_entry(kind):
+    x = gradient_like(kind).reshape(300, 200)  # d = 60,000 >= TopK.SAMPLED_FROM: k = 600
+    sampled = Codec("topk", x, "--topk_method", "sampled")
+    exact = Codec("topk", x, "--topk_method", "exact")
+    assert uses_a_threshold(sampled) and not uses_a_threshold(exact)
+    values, indices = exact.session.run(exact.message, {exact.seed: (0, 0)})
+    np.testing.assert_array_equal(indices, top_k_reference(x, 600))  # exact: tf.math.top_k's
+    np.testing.assert_array_equal(values, x.ravel()[indices])
+    for seed in range(5):  # whatever sample the step's seed draws: the same message
+        got = sampled.session.run(sampled.message, {sampled.seed: (3, seed)})
+        np.testing.assert_array_equal(got[1], indices, err_msg="seed %d" % seed)
+        np.testing.assert_array_equal(got[0], values, err_msg="seed %d" % seed)
+    assert sampled.bytes == exact.bytes == 8 * 600
+
+
+@pytest.mark.rule
+@pytest.mark.parametrize("kind", ["normal", "heavy_tail", "ties"])
+def test_the_k_largest_above_any_threshold_are_top_ks_whether_k_or_fewer_reach_it(kind):
+    # k or more reach it: top_k among those; fewer: top_k over all. Either way top_k's answer.
+    import tensorflow as tf
+    x = gradient_like(kind, size=5000, seed=1)
+    k, magnitudes = 50, np.abs(x)
+    kth = np.sort(magnitudes)[::-1][k - 1]
+    with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+        threshold = tf.compat.v1.placeholder(tf.float32, [])
+        chosen = gc.largest_above(threshold, tf.constant(magnitudes), k)
+        for at in (0.0, kth / 2, kth, np.nextafter(kth, np.float32(np.inf)), magnitudes.max(), np.inf):
+            np.testing.assert_array_equal(session.run(chosen, {threshold: at}),
+                                          top_k_reference(x, k), err_msg="threshold %g" % at)
+
+
+@pytest.mark.rule
+def test_the_sampled_threshold_lets_k_or_more_but_not_many_more_entries_through():
+    # about MARGIN * k reach it: rarely fewer than k (top_k then runs over all d, still exact)
+    # and never so many that the top_k over them costs what one over all d does
+    import tensorflow as tf
+    x = gradient_like("normal", size=2 ** 16)
+    k = gc.kept(0.01, x.size)
+    with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+        seed = tf.compat.v1.placeholder(tf.int64, [2])
+        topk = gc.TopK(flags(gc))
+        magnitudes = tf.constant(np.abs(x))
+        through = tf.reduce_sum(tf.cast(
+            magnitudes >= topk.sampled_threshold(magnitudes, k, seed), tf.int32))
+        counts = np.array([session.run(through, {seed: (0, i)}) for i in range(200)])
+    assert np.mean(counts < k) <= 0.02, np.sort(counts)[:10]
+    assert 1.5 * k <= np.median(counts) <= 2.5 * k and counts.max() <= 4 * k, np.median(counts)
+
+
 @pytest.mark.rule
 def test_random_k_sends_k_values_at_coordinates_every_task_draws_alike_times_d_over_k():
     x = some_tensor()
@@ -267,6 +341,39 @@ def test_error_feedback_keeps_what_each_message_missed_to_float_precision(compre
             ps_after = values(workers[0][1], workers[0][0].ps_residuals)
             total = {n: mean_sent[n] + ps_before[n] for n in mean_sent}
             assert_sums_to([fetched[0]["update"], ps_after], total, "the ps, step %d " % step)
+
+
+@pytest.mark.rule
+def test_sampled_top_k_takes_exact_top_ks_steps_and_keeps_its_residuals(monkeypatch):
+    # the tests' model is small: every tensor takes the sampled way here, the threshold's
+    # candidates and all. The two ways send the same messages, so every value matches.
+    monkeypatch.setattr(gc.TopK, "SAMPLED_FROM", 1)
+    runs = {}
+    for method in ("exact", "sampled"):
+        workers = worker_sessions(gc, build, 2, "--compressor", "topk", "--ratio", "0.1",
+                                  "--learning_rate", "0.1", "--topk_method", method)
+        for step in (1, 2, 3):
+            fetched = one_step(workers, lambda o: {"p": o.p, "sent": o.sent, "update": o.update})
+        ops, session, _ = workers[0]
+        runs[method] = (fetched, values(session, ops.global_params),
+                        [values(s, o.residuals) for o, s, _ in workers],
+                        values(session, ops.ps_residuals))
+    for name, exact, sampled in zip(("step 3", "the ps's parameters", "the residuals",
+                                     "the ps's residual"), runs["exact"], runs["sampled"]):
+        for a, b in zip(leaves(exact), leaves(sampled)):
+            np.testing.assert_array_equal(a, b, err_msg=name)
+    fetched, _, residuals, _ = runs["sampled"]
+    for k in (0, 1):  # what was not sent is kept, to float precision
+        assert_sums_to([fetched[k]["sent"], residuals[k]], fetched[k]["p"], "worker %d " % k)
+
+
+def leaves(structure):
+    """A nest of dicts and lists as a flat list of arrays, dicts in the order of their keys."""
+    if isinstance(structure, dict):
+        return [leaf for key in sorted(structure) for leaf in leaves(structure[key])]
+    if isinstance(structure, (list, tuple)):
+        return [leaf for item in structure for leaf in leaves(item)]
+    return [structure]
 
 
 @pytest.mark.rule
