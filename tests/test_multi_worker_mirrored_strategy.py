@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 
+import numpy as np
 import pytest
 
 from support.examples import (environment_without_tf_config, error_lines, example_dir,
@@ -36,6 +37,27 @@ def test_a_step_moves_every_copy_by_n_times_the_learning_rate_times_the_mean_gra
     steps = one_strategy_step(EXAMPLE, ports, processes=2)
     for step in steps:
         assert_one_sgd_step_of(step, EXAMPLE, learning_rate=2 * 0.1)
+
+
+@pytest.mark.rule
+def test_every_pack_size_applies_the_same_mean_gradient_and_reports_the_mean_loss():
+    # the default packs every gradient (and the loss) into one collective; a pack a variable
+    # is the other end: both must make the same step, and return the loss of the whole dataset
+    import tensorflow as tf
+    module = load_train_module(EXAMPLE)
+    steps = {}
+    for pack in ("0", "1"):
+        ports = "%d,%d" % tuple(free_ports(2))
+        steps[pack] = one_strategy_step(EXAMPLE, ports, "--bytes_per_pack", pack, processes=2)
+    for step in steps["0"] + steps["1"]:
+        assert_one_sgd_step_of(step, EXAMPLE, learning_rate=2 * 0.1)
+        names = [k[len("before_"):] for k in step if k.startswith("before_")]
+        whole = module.model_loss({n: tf.constant(step["before_" + n]) for n in names},
+                                  step["x"], tf.constant(step["y"]))
+        np.testing.assert_allclose(step["loss"], float(whole), rtol=1e-5)
+    for key in steps["0"][0]:
+        np.testing.assert_allclose(steps["0"][0][key], steps["1"][0][key], rtol=1e-5, atol=1e-7,
+                                   err_msg=key)
 
 
 def test_the_workers_train_in_lockstep_and_hold_identical_parameters(default_runs):

@@ -10,8 +10,9 @@ tests/ as a module of the support package (cd tests && python -m support.strateg
     support.strategy_step Sparse-Embeddings-TF2 OUT.npz PS0,PS1,WORKER,CHIEF [dense]
         2 ps, a worker and the coordinator in this process; one call of one step on a table
         of 2 slices; dense: with a model that reads the embeddings whole (the error it gives)
-    support.strategy_step MultiWorkerMirroredStrategy OUT.npz TASK_INDEX PORT0,PORT1
-        one of two workers (start both): one synchronous step, each on its whole shard
+    support.strategy_step MultiWorkerMirroredStrategy OUT.npz TASK_INDEX PORT0,PORT1 [FLAG...]
+        one of two workers (start both), train.py's FLAGs added: one synchronous step, each on
+        its whole shard (also saves the loss the step returns)
 
 Writes the parameters before and after the update, and the dataset, to OUT.npz (the test
 computes what the update should have been, apart from the example). pytest does not collect
@@ -41,8 +42,8 @@ def values(params):
     return {name: p.numpy() for name, p in params.items()}
 
 
-def save(path, data, before, after):
-    np.savez(path, x=data.x_train, y=data.y_train,
+def save(path, data, before, after, **extra):
+    np.savez(path, x=data.x_train, y=data.y_train, **extra,
              **{"before_" + n: v for n, v in before.items()},
              **{"after_" + n: v for n, v in after.items()})
 
@@ -146,13 +147,13 @@ def multi_worker_mirrored_strategy(out):
     module = load_train_module("MultiWorkerMirroredStrategy")
     args = module.parse_flags(["--hidden", str(HIDDEN), "--learning_rate", str(LEARNING_RATE),
                                "--batch_size", str(EXAMPLES_PER_WORKER), "--worker_hosts",
-                               ",".join(cluster["worker"]), "--task_index", str(task)],
-                              module.example_flags)
+                               ",".join(cluster["worker"]), "--task_index", str(task)]
+                              + sys.argv[5:], module.example_flags)
     data = known_data(module, len(ports))
     mirrored = module.build_mirrored(args, cluster, data)
     before = values(mirrored.params)
-    mirrored.train_step(mirrored.iterator)
-    save(out, data, before, values(mirrored.params))
+    loss = mirrored.train_step(mirrored.iterator)
+    save(out, data, before, values(mirrored.params), loss=float(loss))
 
 
 if __name__ == "__main__":
