@@ -30,6 +30,7 @@ References
     arXiv:1706.02677, 2017 (the linear scaling rule).
 """
 import argparse
+import atexit
 import collections
 import contextlib
 import glob
@@ -288,8 +289,12 @@ class SyncReplicasStart(object):
                 # taken before its own first step, which must not take one (a lost worker's stays)
                 wait_for(lambda: session.run(self.tokens_left) == 0, self.tries * self.try_seconds)
             apply_steps = optimizer.get_chief_queue_runner().enqueue_ops[0]  # waits for N
-            threading.Thread(target=run_until_it_fails, args=(session, apply_steps),
-                             daemon=True).start()
+            applying = threading.Thread(target=run_until_it_fails, args=(session, apply_steps),
+                                        daemon=True)
+            applying.start()
+            # joined as the process exits, once the session's close has cancelled its run: a
+            # process that ends while this thread is still inside TensorFlow aborts
+            atexit.register(applying.join, 10)
 
     def drop_the_round(self, session):
         """The repair: the round at the global step dropped, the step one on (the docstring)."""

@@ -28,7 +28,7 @@ NEEDED_BLOCKS = {  # by family: the reference train.py of the jobs a train.py de
     "In-Graph-Replication": (EVERY_TRAIN_PY - {"model"}) | {"graph batches", "tasks",
                                                             "one client"},
 }
-ALLOWED_IMPORTS = {"argparse", "collections", "contextlib", "glob", "json", "math", "os",
+ALLOWED_IMPORTS = {"argparse", "atexit", "collections", "contextlib", "glob", "json", "math", "os",
                    "shutil", "signal", "socket", "sys", "tempfile", "threading", "time",
                    "numpy", "tensorflow", "sklearn", "tf_keras"}  # tf_keras: a Keras model's copy
 BANNER = "# Plumbing shared by every example (what a job needs besides its algorithm)"

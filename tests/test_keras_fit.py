@@ -103,7 +103,9 @@ def test_a_worker_killed_mid_fit_and_restarted_gets_a_dataset_again_and_fit_comp
     its dataset again (the worker prints its shard as it makes it) and fit completes. A call in
     flight on the killed worker is run again from its start, and the steps of it that had
     reached the ps stay applied: at most K - 1 mini-batches beyond --steps."""
-    steps, k = 4000, 10  # long enough to be running still once worker 1 is back
+    # long enough to be running still once worker 1 is back, also on a machine so loaded that
+    # its restart (TensorFlow's import) takes half a minute
+    steps, k = 8000, 10
     proc = start_example(EXAMPLE, ["--log_dir", str(tmp_path / "logs"), "--steps", str(steps)],
                          env=USERS_ENVIRONMENT)
     seen = read_until(proc, "[chief0] global_step=", timeout=180)
@@ -115,7 +117,7 @@ def test_a_worker_killed_mid_fit_and_restarted_gets_a_dataset_again_and_fit_comp
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         run = finish(proc, timeout=300)
-        output, _ = restarted.communicate(timeout=60)
+        output, _ = restarted.communicate(timeout=90)
     finally:
         if restarted.poll() is None:
             restarted.kill()
