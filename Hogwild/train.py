@@ -953,7 +953,7 @@ class Worker(object):
             print("[worker0] chief: log_dir=%s" % self.args.log_dir, flush=True)
             hooks.append(tf.compat.v1.train.CheckpointSaverHook(
                 self.args.log_dir, save_secs=30, saver=creator.saver))
-        hooks.append(Progress(self, loss, update, minibatches_per_update, summary))
+        hooks.append(Progress(self, loss, update, minibatches_per_update, summary, last_step))
         return tf.compat.v1.train.MonitoredSession(session_creator=creator, hooks=hooks)
 
     def restore_or_initialise(self, session):
@@ -1135,8 +1135,8 @@ class Progress(Hook):
     over: every ps's run-over flag raised. (TensorFlow's LoggingTensorHook prints a step's
     tensors, not metrics of a test set fed in batches, nor a run's summary.)"""
 
-    def __init__(self, worker, loss, update, minibatches_per_update, summary):
-        self.worker, self.loss, self.update = worker, loss, update
+    def __init__(self, worker, loss, update, minibatches_per_update, summary, last_step=None):
+        self.worker, self.loss, self.update, self.last_step = worker, loss, update, last_step
         self.minibatches_per_update, self.summary = minibatches_per_update, summary
         self.history = []
 
@@ -1157,16 +1157,16 @@ class Progress(Hook):
         self.timed_from_step, self.progress_steps = self.step, self.worker.local_steps
 
     def before_run(self, run_context):
-        """A run of the update is a step; the loss and the global step are fetched with the
-        first and with each that ends a --log_every interval, not with every one (a fetch costs
-        on every step)."""
+        """A run of the update is a step; its value (the global step after it, which the run
+        fetches anyway) comes back with every one, the loss only with the first and with each
+        that ends a --log_every interval (a fetch costs on every step)."""
         worker, fetches = self.worker, tf.nest.flatten(run_context.original_args.fetches)
         self.updating = any(fetch is self.update for fetch in fetches)  # not a read
         after = worker.local_steps + worker.steps_per_update
         if self.updating and (worker.local_steps == 0 or worker.local_steps //
                               worker.args.log_every != after // worker.args.log_every):
             return tf.compat.v1.train.SessionRunArgs({"loss": self.loss, "step": self.update})
-        return None
+        return tf.compat.v1.train.SessionRunArgs({"step": self.update}) if self.updating else None
 
     def after_run(self, run_context, run_values):
         """Count the update; every --log_every local steps a progress line."""
@@ -1175,9 +1175,12 @@ class Progress(Hook):
             return
         before = worker.local_steps
         worker.local_steps += worker.steps_per_update
-        if run_values.results is None:
+        self.step = int(run_values.results["step"])
+        if self.last_step and self.step >= self.last_step:  # as this update returns: the
+            run_context.request_stop()  # global step StopAtStepHook reads may be an older one
+        if "loss" not in run_values.results:
             return
-        loss, self.step = float(run_values.results["loss"]), int(run_values.results["step"])
+        loss = float(run_values.results["loss"])
         if before == 0:  # the clock starts as the first update returns (start_clock)
             self.start_clock()
         if before // worker.args.log_every == worker.local_steps // worker.args.log_every:
