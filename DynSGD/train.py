@@ -943,16 +943,11 @@ def serve(args, cluster, server):
 
 
 class Worker(object):
-    """A worker's part of the run besides its algorithm, given what train() built:
-    test_metrics(x, y), the metric tensors of a batch of test examples (each a mean over the
-    batch), and test_set (the data, or arrays (x, y)), fed to them in batches. session() makes
-    TensorFlow's MonitoredSession of its parts: a session creator (StartOrRejoin) and hooks,
-    TensorFlow's (StopAtStepHook, CheckpointSaverHook) and this file's, each for what
-    TensorFlow lacks (RunStatus, Progress, Watchdog, ExampleHook). The run's status on ps 0 holds, for each worker,
-    NOT_STARTED, TRAINING, or its local steps once it has finished; a ps that restarts loses
-    it, and the chief writes back what it last read. rejoins=False (a task that cannot take up
-    a run again: Evolution-Strategies' chief): that task restarted, or its session lost, ends
-    it in one line."""
+    """A worker's part of the run besides its algorithm: test_metrics(x, y), the metric tensors
+    of a batch of test examples, fed test_set (the data, or arrays (x, y)) in batches; the run's
+    status on ps 0 (for each worker NOT_STARTED, TRAINING, or its local steps once finished;
+    after ps 0 restarts the chief writes back what it last read); and session(). rejoins=False
+    (Evolution-Strategies' chief): a restart, or a lost session, ends the task in one line."""
     NOT_STARTED, TRAINING = -2, -1
     GLOBAL_STEP_READ = "global_step_read_op_cache"  # tensorflow/python/training/training_util.py
 
@@ -961,14 +956,16 @@ class Worker(object):
         self.steps_per_update, self.rejoins = steps_per_update, rejoins
         self.role, self.is_chief = "worker%d" % args.task_index, args.task_index == 0
         self.global_step = tf.compat.v1.train.get_or_create_global_step()
-        # TensorFlow's hooks fetch the global step with every step, through the read in the
-        # collection GLOBAL_STEP_READ; if it is empty they make one, a cond on an is-initialised
-        # check whose parts cross between worker and ps (6 tensors more a step). A plain read
-        # on the ps costs 1:
-        if not tf.compat.v1.get_collection(self.GLOBAL_STEP_READ):
-            with tf.compat.v1.device(self.global_step.device):
-                read = tf.identity(self.global_step, name="global_step_read")
-            tf.compat.v1.add_to_collection(self.GLOBAL_STEP_READ, read)
+        # TensorFlow's hooks (StopAtStepHook, CheckpointSaverHook) fetch the global step with
+        # every run, through the tensor in the collection GLOBAL_STEP_READ (else their own, a
+        # cond whose parts cross from the ps). Here Progress feeds it the global step the last
+        # update returned, so that no run fetches it from the ps; a hook's own read, unfed
+        # (when its stale value says the last step or a checkpoint is due), reads the ps.
+        with tf.compat.v1.device(self.global_step.device):
+            read = tf.identity(self.global_step, name="global_step_read")
+        with tf.compat.v1.device("/job:worker/task:%d" % args.task_index):
+            self.step_seen = tf.compat.v1.placeholder_with_default(read, [], "global_step_seen")
+        tf.compat.v1.get_collection_ref(self.GLOBAL_STEP_READ)[:] = [self.step_seen]
         x_test, y_test = next(test_batches(test_set, 1))  # an example: the placeholders' types
         with tf.compat.v1.device("/job:worker/task:%d" % args.task_index):
             self.test_x = tf.compat.v1.placeholder(x_test.dtype, (None,) + x_test.shape[1:])
@@ -997,22 +994,18 @@ class Worker(object):
 
     def session(self, server, loss, update, last_step=None, hooks=(), wait_for_everyone=False,
                 minibatches_per_update=1, **summary):
-        """TensorFlow's MonitoredSession on this task's server, made by StartOrRejoin (with
-        wait_for_everyone, a synchronous example's, once every worker has started), with hooks
-        around each step: StopAtStepHook (once the global step reaches last_step; None: the
-        example stops itself), the example's own (ExampleHook), the watchdog, the run's status,
-        the chief's CheckpointSaverHook (as a session starts, every 30 s, and at the end) and
-        the progress lines (loss and update: the tensors of a step, update's value the global
-        step after it; loss may be a placeholder the step feeds). After a step lost to a
-        restarted task (Aborted, Unavailable) MonitoredSession makes a new session and runs
-        the hooks' after_create_session again; closed cleanly, it runs their end: the chief
-        waits for the others, saves, prints the summary line with the example's fields
-        (values, tensors that it reads then, or functions that it calls then) and ends the
-        run."""
+        """TensorFlow's MonitoredSession, made by StartOrRejoin (wait_for_everyone: once every
+        worker has started), with hooks: StopAtStepHook at last_step (None: the example stops
+        itself), the example's own, Watchdog, RunStatus, the chief's CheckpointSaverHook (as a
+        session starts, every 30 s, at the end) and Progress (update: a step's tensor, its value
+        the global step after it; loss: the step's, or a placeholder the step feeds). After a
+        step lost to a restart (Aborted, Unavailable) MonitoredSession makes a new session;
+        closed, it runs the hooks' end: the chief waits for the others, saves, prints the
+        summary line with the example's fields (values, tensors or functions) and ends the run."""
         creator = StartOrRejoin(self, server, wait_for_everyone)
         stop = [tf.compat.v1.train.StopAtStepHook(last_step=last_step)] if last_step else []
         hooks = stop + list(hooks) + [Watchdog(self.role, self.args.watchdog),
-                                      RunStatus(self, last_step)]
+                                      RunStatus(self)]
         if self.is_chief:
             print("[worker0] chief: log_dir=%s" % self.args.log_dir, flush=True)
             hooks.append(tf.compat.v1.train.CheckpointSaverHook(
@@ -1051,19 +1044,15 @@ class Worker(object):
 
 
 class StartOrRejoin(object):
-    """The session creator of Worker.session (a tf.compat.v1.train.SessionCreator: its
-    create_session), on SessionManager as TensorFlow's ChiefSessionCreator and
-    WorkerSessionCreator are, with two of their defaults corrected for a run that tasks leave
-    and rejoin: the chief's prepare_session gets no checkpoint_dir (with one, it restores
-    whenever a checkpoint exists, even over a ps that kept the run) but an init_fn that
-    restores or initialises only where the ps lacks the variables; the others' wait_for_session
-    checks every second (WorkerSessionCreator's, every 30 s), at most --connect_timeout, and
-    ends in one line. In every new session a worker then starts the training stream in an
-    order of its own (start_the_data) and marks itself TRAINING in the run's status; with
-    wait_for_everyone it waits for every worker to have started. MonitoredSession calls it
-    again after a step lost to a restart, without a pause or a limit: a line says so, each new
-    session in a row without a step between comes a second later, and the RETRIES-th ends the
-    task in one line."""
+    """Worker.session's session creator (a SessionCreator's create_session) on SessionManager,
+    as TensorFlow's ChiefSessionCreator and WorkerSessionCreator are, with two defaults
+    corrected for tasks that leave and rejoin: the chief's prepare_session gets no
+    checkpoint_dir (it would restore whenever a checkpoint exists, even over a ps that kept the
+    run) but init_fn, restore_or_initialise; the others' wait_for_session checks every second
+    (not every 30 s), at most --connect_timeout, then fails in one line. Each new session then
+    starts the training stream (start_the_data) and marks the worker TRAINING. MonitoredSession
+    calls it again after a lost step, with no pause nor limit: here a line says so, each try in
+    a row comes a second later than the last, and the RETRIES-th ends the task in one line."""
     RETRIES = 6
 
     def __init__(self, worker, server, wait_for_everyone=False):
@@ -1134,39 +1123,18 @@ class StartOrRejoin(object):
 
 class Hook(object):
     """tf.compat.v1.train.SessionRunHook's five methods, each doing nothing: the base of this
-    file's hooks, which MonitoredSession calls as it calls TensorFlow's (TensorFlow loads after
-    the flags are checked, so no class here can derive from its own)."""
-
-    def begin(self):
-        pass
-
-    def after_create_session(self, session, coord):
-        pass
-
-    def before_run(self, run_context):
-        return None
-
-    def after_run(self, run_context, run_values):
-        pass
-
-    def end(self, session):
-        pass
+    file's hooks (TensorFlow loads after the flags are checked, so none derives from its own)."""
+    begin = after_create_session = before_run = after_run = end = lambda self, *args: None
 
 
 class RunStatus(Hook):
     """The run's status on ps 0, which TensorFlow lacks (StartOrRejoin marks a worker
-    TRAINING). A worker whose session starts with the global step at last_step already takes
-    no step (StopAtStepHook looks only after a step). At its end a worker writes its local
-    steps there; the chief then waits for every other worker to finish, to close its port while
-    TRAINING (lost), or, NOT_STARTED, not to start within --connect_timeout, and names those it
-    lost and those that never started."""
+    TRAINING). At its end a worker writes its local steps there; the chief then waits for every
+    other worker to finish, to close its port while TRAINING (lost), or, NOT_STARTED, not to
+    start within --connect_timeout, and names those it lost and those that never started."""
 
-    def __init__(self, worker, last_step):
-        self.worker, self.last_step = worker, last_step
-
-    def after_create_session(self, session, coord):
-        if self.last_step and self.worker.started_at >= self.last_step:  # the run is over
-            coord.request_stop()
+    def __init__(self, worker):
+        self.worker = worker
 
     def end(self, session):
         worker = self.worker
@@ -1209,8 +1177,11 @@ class Progress(Hook):
             self.writer = tf.compat.v1.summary.FileWriterCache.get(self.worker.args.log_dir)
 
     def after_create_session(self, session, coord):
+        self.step = self.worker.started_at  # the global step as this session starts
+        if self.last_step and self.step >= self.last_step:  # the run is over: stop now
+            coord.request_stop()  # (StopAtStepHook looks only after a step)
         if self.worker.sessions == 1:
-            self.step = self.start_step = self.worker.started_at
+            self.start_step = self.step
             self.start_clock()  # again at the first update
             print("[%s] training started" % self.worker.role, flush=True)
 
@@ -1221,19 +1192,22 @@ class Progress(Hook):
         self.timed_from_step, self.progress_steps = self.step, self.worker.local_steps
 
     def before_run(self, run_context):
-        """A run of the update is a step; its value (the global step after it, which the run
-        fetches anyway) comes back with every one, the loss only with the first and with each
-        that ends a --log_every interval (a fetch costs on every step)."""
-        worker, fetches = self.worker, tf.nest.flatten(run_context.original_args.fetches)
-        self.updating = any(fetch is self.update for fetch in fetches)  # not a read
-        after = worker.local_steps + worker.steps_per_update
-        if self.updating and (worker.local_steps == 0 or worker.local_steps //
-                              worker.args.log_every != after // worker.args.log_every):
-            return tf.compat.v1.train.SessionRunArgs({"loss": self.loss, "step": self.update})
-        return tf.compat.v1.train.SessionRunArgs({"step": self.update}) if self.updating else None
+        """A run of the update is a step: its value (the global step after it, which the run
+        fetches anyway) comes back, the loss too with the first and with each that ends a
+        --log_every interval (a fetch costs on every step)."""
+        worker, fetches = self.worker, run_context.original_args.fetches
+        self.updating = fetches is self.update or any(  # not a read
+            fetch is self.update for fetch in tf.nest.flatten(fetches))
+        seen = {worker.step_seen: self.step}  # the hooks' global step (Worker.step_seen)
+        if not self.updating:
+            return tf.compat.v1.train.SessionRunArgs(None, seen)
+        every, after = worker.args.log_every, worker.local_steps + worker.steps_per_update
+        if worker.local_steps == 0 or worker.local_steps // every != after // every:
+            return tf.compat.v1.train.SessionRunArgs({"step": self.update, "loss": self.loss}, seen)
+        return tf.compat.v1.train.SessionRunArgs({"step": self.update}, seen)
 
     def after_run(self, run_context, run_values):
-        """Count the update; every --log_every local steps a progress line."""
+        """Count the update; stop at last_step; every --log_every local steps a progress line."""
         worker = self.worker
         if not self.updating:
             return

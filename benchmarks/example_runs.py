@@ -14,9 +14,11 @@ import argparse
 import importlib.util
 import json
 import os
+import random
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -33,6 +35,30 @@ TARGET = 0.95  # the test accuracy "seconds to" counts to (tests/conftest.py's A
 # reaches it after about 1250 mini-batches and levels off at 0.58-0.59 from 1500 on
 TARGETS = {"digits": TARGET, "mnist1d": 0.55}
 STOP_SECS = 60  # a stopped run's time to stop its tasks (and cluster.py's to remove namespaces)
+
+
+def free_addresses(count):
+    """count localhost:PORT addresses free now, below the kernel's ephemeral ports (one picked
+    among those could be handed to a client's connection before its server binds it), each
+    probe kept bound until all are picked: for the benchmarks that start their own servers."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        ephemeral_from = int(f.read().split()[0])
+    probes = []
+    for port in random.sample(range(10000, ephemeral_from), ephemeral_from - 10000):
+        probe = socket.socket()
+        try:
+            probe.bind(("localhost", port))
+        except OSError:  # in use
+            probe.close()
+            continue
+        probes.append(probe)
+        if len(probes) == count:
+            break
+    addresses = ["localhost:%d" % probe.getsockname()[1] for probe in probes]
+    for probe in probes:
+        probe.close()
+    return addresses
+
 
 
 class PeakMemory(object):

@@ -21,7 +21,6 @@ Worker 0 prints the table.
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -153,12 +152,7 @@ def main():
     if args.worker is not None:
         return worker(args, train_flags)
 
-    probes = [socket.socket() for _ in range(args.workers)]
-    for probe in probes:
-        probe.bind(("localhost", 0))
-    hosts = ",".join("localhost:%d" % probe.getsockname()[1] for probe in probes)
-    for probe in probes:
-        probe.close()
+    hosts = ",".join(example_runs.free_addresses(args.workers))
     quotas = None
     if args.cpus:
         import cluster  # benchmarks/cluster.py: its cgroup quotas, made here and removed at the end

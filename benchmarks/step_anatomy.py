@@ -12,7 +12,6 @@ and measures, each averaged over --steps session.run calls:
 """
 import argparse
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -81,12 +80,7 @@ def main():
             local.start_the_data(s, 0)
             local_rate, (local_cpu,) = rate(s, train_op, args.steps, [os.getpid()])
 
-    ports = []
-    for _ in range(2):
-        with socket.socket() as sock:
-            sock.bind(("localhost", 0))
-            ports.append(sock.getsockname()[1])
-    addresses = ["localhost:%d" % port for port in ports]
+    addresses = example_runs.free_addresses(2)
     ps = subprocess.Popen([sys.executable, __file__, "--serve", ",".join(addresses)],
                           stderr=subprocess.DEVNULL)
     try:

@@ -124,6 +124,36 @@ def test_a_restarted_chief_resumes_at_the_ps_global_step_where_tensorflow_would_
             default.close()
 
 
+def test_the_hooks_get_the_global_step_the_last_update_returned_not_a_read_of_the_ps(tmp_path):
+    # TensorFlow's StopAtStepHook and CheckpointSaverHook fetch the global step with every run;
+    # Progress feeds them the value the last update returned, so a step's graph on the ps holds
+    # no read of it for them, and the run still stops at the last step
+    import numpy as np
+    from support.examples import load_train_module
+    from support.in_process import fixed_batch, flags, in_process_cluster
+    module = load_train_module("Distributed-Setup")
+    tf = module.tf
+    cluster, (server,) = in_process_cluster()
+    args = flags(module, "--log_dir", str(tmp_path), "--connect_timeout", "5")
+    test_set = (np.zeros((2, 5), np.float32), np.zeros(2, np.int64))
+    with tf.Graph().as_default():
+        with tf.compat.v1.device(tf.compat.v1.train.replica_device_setter(
+                cluster=cluster, worker_device="/job:worker/task:0")):
+            sgd = module.build_sgd(args, *fixed_batch())
+        worker = module.Worker(args, cluster, lambda x, y: module.model_metrics(
+            sgd.params, x, y), test_set)
+        with worker.session(server, sgd.loss, sgd.step, last_step=20) as session:
+            metadata = tf.compat.v1.RunMetadata()
+            session.run(sgd.step, options=tf.compat.v1.RunOptions(output_partition_graphs=True),
+                        run_metadata=metadata)
+            ops = {node.name for graph in metadata.partition_graphs for node in graph.node}
+            assert "global_step" in ops  # the update's own ops on the ps
+            assert not [op for op in ops if op.startswith("global_step_read")], sorted(ops)
+            while not session.should_stop():
+                session.run(sgd.step)
+    assert worker.local_steps == 20
+
+
 def test_a_worker_killed_mid_run_does_not_hang_the_others(tmp_path):
     run = kill_mid_run("Distributed-Setup", tmp_path, ["--steps", "3000"])  # the chief goes on
     assert run.code == 1

@@ -264,6 +264,11 @@ MUTATIONS = [
              "saver=self.saver, checkpoint_dir=args.log_dir,",
              node("tests/test_distributed_setup.py", "test_a_restarted_chief_resumes_at_the_ps_"
                   "global_step_where_tensorflow_would_roll_back"), None),
+    Mutation("Distributed-Setup (the appendix): TensorFlow's hooks read the global step from the "
+             "ps at every run (Progress no longer feeds them the last update's)",
+             "Distributed-Setup/train.py", "seen = {worker.step_seen: self.step}", "seen = {}",
+             node("tests/test_distributed_setup.py", "test_the_hooks_get_the_global_step_the_last_"
+                  "update_returned_not_a_read_of_the_ps"), None),
     Mutation("DOWNPOUR (the appendix): the workers check for the chief every 30 s, "
              "WorkerSessionCreator's default", "DOWNPOUR/train.py",
              "recovery_wait_secs=1)", "recovery_wait_secs=30)",
