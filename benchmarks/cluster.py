@@ -24,8 +24,9 @@ image first, and a pod that fails comes back under the same name. --stagger S st
 after a random delay of up to S seconds (drawn with --seed, and printed), and --restart ROLE@T
 kills that task's process T seconds after the first start and starts it again at once, at the
 same address, as a pod's restart policy would. --restart ROLE@stepN does it once a task's
-progress line first reports global_step N or more (after every timed start and restart): a
-restart at a point of the training, however fast this machine trains. --restart_failed N starts
+progress line first reports global_step N or more (after every timed start and restart, and
+once every task restarted before it is back: a worker's "training started", a ps's "serving"):
+a restart at a point of the training, however fast this machine trains or a task starts. --restart_failed N starts
 a task that exits with an error again (N times in all), as the restart policy OnFailure does: a
 worker whose step hangs exits after train.py's --watchdog and comes back.
 
@@ -433,9 +434,13 @@ class Console(object):
     # a progress line's global step (train.py's plumbing prints one every --log_every steps)
     GLOBAL_STEP = re.compile(r"\blocal_step=\d+ global_step=(\d+)")
 
+    # a task at work again after a start: a worker's session, a ps's server
+    BACK = re.compile(r"\] (training started|serving )")
+
     def __init__(self, verbose=False):
         self.verbose, self.lock = verbose, threading.Lock()
         self.global_step = 0  # the highest any task has reported: what ROLE@stepN waits for
+        self.back = set()  # the roles that have said BACK since they last started
 
     def line(self, role, text):
         if not text.startswith("[%s] " % role):  # train.py labels its own lines already
@@ -455,6 +460,8 @@ class Console(object):
             reported = self.GLOBAL_STEP.search(text)
             if reported:
                 self.global_step = max(self.global_step, int(reported.group(1)))
+            if self.BACK.search(text):
+                self.back.add(role)
             if self.verbose or not self.CHATTER.match(text):
                 self.line(role, text)
 
@@ -550,6 +557,7 @@ def supervise(tasks, console, deadline, keep_going, start, schedule, at_steps=()
     at_steps = list(at_steps)
     by_role = {t.role: t for t in tasks}
     leaders = [t for t in tasks if t.job == ending_job(t.job for t in tasks)]
+    restarted = []  # a restart at a step waits for these to be back (a slow start, a loaded host)
 
     def restart(task, when):
         if not task.running():
@@ -558,6 +566,8 @@ def supervise(tasks, console, deadline, keep_going, start, schedule, at_steps=()
             return
         stop_tasks([task], signals=(signal.SIGKILL,))
         console.say("restart %s %s: killed; starting it again" % (task.role, when))
+        console.back.discard(task.role)
+        restarted.append(task.role)
         start(task)
 
     while pending or any(t.running() for t in leaders):
@@ -577,7 +587,8 @@ def supervise(tasks, console, deadline, keep_going, start, schedule, at_steps=()
                 restart(by_role[role], "at +%.0f s" % seconds)
             else:
                 start(by_role[role])
-        while not pending and at_steps and console.global_step >= at_steps[0][0]:
+        while not pending and at_steps and console.global_step >= at_steps[0][0] and all(
+                role in console.back for role in restarted):
             step, role = at_steps.pop(0)
             restart(by_role[role], "at global step %d (+%.0f s)"
                     % (step, time.time() - first_start))
