@@ -26,9 +26,10 @@ kills that task's process T seconds after the first start and starts it again at
 same address, as a pod's restart policy would. --restart ROLE@stepN does it once a task's
 progress line first reports global_step N or more (after every timed start and restart, and
 once every task restarted before it is back: a worker's "training started", a ps's "serving"):
-a restart at a point of the training, however fast this machine trains or a task starts. --restart_failed N starts
-a task that exits with an error again (N times in all), as the restart policy OnFailure does: a
-worker whose step hangs exits after train.py's --watchdog and comes back.
+a restart at a point of the training, however fast this machine trains or a task starts.
+--restart_failed N starts a task that exits with an error again (N times in all), as the
+restart policy OnFailure does: a worker whose step hangs exits after train.py's --watchdog and
+comes back.
 
 Everything after `--` goes to every train.py. Each task runs as
 `ip netns exec <namespace> python EXAMPLE/train.py ARGS`, configured only through TF_CONFIG, the

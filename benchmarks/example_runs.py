@@ -60,7 +60,6 @@ def free_addresses(count):
     return addresses
 
 
-
 class PeakMemory(object):
     """While in its with block: the peak resident memory (VmHWM, in kB) of each process that
     role_of(pid) names, by that name (None: not one to watch), read from /proc twice a second."""

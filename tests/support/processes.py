@@ -1,9 +1,12 @@
 """Free ports for a test's own servers, and no process of a test left running."""
 import os
-import random
 import signal
-import socket
+import sys
 import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))), "benchmarks"))
+import example_runs  # noqa: E402  benchmarks/example_runs.py (benchmarks/ is not a package)
 
 
 def processes_mentioning(marker):
@@ -42,27 +45,10 @@ def interruptible():
 
 
 def free_ports(count):
-    """count distinct free ports, below the kernel's range of ephemeral ports: a port picked
-    there could be handed to another socket (a notebook kernel's, a gRPC client's) between our
-    choosing it and the server's binding it. Every probe stays bound until all are chosen."""
-    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-        ephemeral_from = int(f.read().split()[0])
-    candidates = random.Random().sample(range(10000, ephemeral_from), 200)
-    probes = []
-    for port in candidates:
-        probe = socket.socket()
-        try:
-            probe.bind(("localhost", port))
-        except OSError:  # in use
-            probe.close()
-            continue
-        probes.append(probe)
-        if len(probes) == count:
-            break
-    ports = [probe.getsockname()[1] for probe in probes]
-    for probe in probes:
-        probe.close()
-    assert len(ports) == count, "no %d free ports below %d" % (count, ephemeral_from)
+    """count distinct free ports, below the kernel's range of ephemeral ports (the benchmarks'
+    example_runs.free_addresses picks them)."""
+    ports = [int(address.rsplit(":", 1)[1]) for address in example_runs.free_addresses(count)]
+    assert len(ports) == count, "no %d free ports below the ephemeral range" % count
     return ports
 
 
