@@ -18,11 +18,13 @@ Distributed-Setup pulls and pushes a mini-batch take 19 ms at 1 Gbit/s), --steps
 mini-batches in all. Links are unlimited and
 1 Gbit/s by default (--bandwidth).
 
-Every cell, the baseline included, runs --repeats times (3 by default), the rounds one after
-the other so that a slow spell of the machine falls on every cell alike: one run a cell cannot
-tell a scheme's cost from the machine's noise (one host's own rate varies by some 10% between
-runs). The tables give each figure's median over the runs and, after it, their range; a
-speed-up is each run's rate over the median of one host's.
+Every cell at unlimited links, the baseline included, runs --repeats times (3 by default), the
+rounds one after the other so that a slow spell of the machine falls on every cell alike: one run
+a cell cannot tell a scheme's cost from the machine's noise (one host's own rate varies by some
+10% between runs). A cell at a limited rate runs --limited_repeats times (1 by default, in the
+first round): it shows how much of the link a step uses, and a round of it costs as long as a
+round at unlimited links. The tables give each figure's median over the runs and, after it,
+their range; a speed-up is each run's rate over the median of one host's.
 
 Writes into --out:
   scaling.md    one row per example, workers and link rate: mini-batches/s (all workers),
@@ -75,8 +77,11 @@ def parser(prog):
     p.add_argument("--examples", default="",
                    help="comma-separated distributed examples (default: all)")
     p.add_argument("--repeats", type=int, default=3, metavar="R",
-                   help="runs of every cell, the baseline's included: the tables give the "
-                        "median and the range (default: 3)")
+                   help="runs of every cell at unlimited links, the baseline's included: the "
+                        "tables give the median and the range (default: 3)")
+    p.add_argument("--limited_repeats", type=int, default=1, metavar="R",
+                   help="runs of every cell at a limited link rate, at most --repeats "
+                        "(default: 1)")
     p.add_argument("--quick", action="store_true",
                    help="100 steps, 2 workers at most, one run a cell: a smoke run that "
                         "publishes nothing")
@@ -117,6 +122,26 @@ def worker_counts(text):
     if not counts or counts[0] < 1:
         raise ValueError("--workers: give counts of 1 or more, such as 1,2,3")
     return counts
+
+
+def rounds(cells, repeats, limited_repeats):
+    """The cells of every round, in order: a cell (example, workers, link rate) at unlimited
+    links is in all repeats rounds, one at a limited rate in the first limited_repeats."""
+    return [[cell for cell in cells if cell[2] == "unlimited" or run <= limited_repeats]
+            for run in range(1, repeats + 1)]
+
+
+def runs_said(results, baseline):
+    """How many runs each figure is the median of, for the table's last line."""
+    counts = {}
+    for (_, _, label), metrics in results.items():
+        counts[label] = max(counts.get(label, 1), len(runs_of(metrics)))
+    most = max([len(runs_of(baseline))] + list(counts.values()))
+    if most == 1:
+        return "one run a cell"
+    fewer = ["%d at %s" % (n, label) for label, n in counts.items() if n < most]
+    return "medians of %d runs a cell%s, the range in brackets" % (
+        most, " (%s)" % ", ".join(fewer) if fewer else "")
 
 
 def repeat_tag(tag, run):
@@ -186,13 +211,10 @@ def write_table(path, results, baseline, settings):
                          if workers == most and rate == label)
         lines.append("With %d workers, links %s: %.2f to %.2f times one host, median %.2f."
                      % (most, label, medians[0], medians[-1], statistics.median(medians)))
-    repeats = max(len(runs_of(m)) for m in list(results.values()) + [baseline])
     lines += ["", "Every host %g core(s) (a cgroup CPU quota of its own); --hidden 4096, "
               "--batch_size %d, %d mini-batches a run; %d CPU core(s) in all; %s. Measured "
               "with `%s`." % (settings["cpus"], settings["batch_size"], settings["steps"],
-                             os.cpu_count(), "one run a cell" if repeats == 1 else
-                             "medians of %d runs a cell, the range in brackets" % repeats,
-                             settings["command"])]
+                             os.cpu_count(), runs_said(results, baseline), settings["command"])]
     text = "\n".join(lines) + "\n"
     with open(path, "w") as f:
         f.write(text)
@@ -240,18 +262,17 @@ def example_sections(results, baseline, settings):
             continue
         rate_name = lambda label: ("unlimited links" if label == "unlimited" else
                                    label.replace("gbit", " Gbit/s").replace("mbit", " Mbit/s"))
-        figures = " and ".join("%s times %s at %s (efficiency %.2f)" % (
+        figures = " and ".join("%s times %s at %s (efficiency %.2f%s)" % (
             spread(ups), "its mini-batches/s" if i == 0 else "", rate_name(label),
-            statistics.median(ups) / most)
+            statistics.median(ups) / most, "" if len(ups) == 1 else
+            "; the median of %d runs, the range in brackets" % len(ups))
             for i, (label, ups) in enumerate(measured)).replace("  ", " ")
         sections[example] = (
             "Measured speed-up: %s with %d workers, each a host of %g core (a CPU quota of "
             "its own), against one such host running %s: %s. Workload "
-            "`--hidden 4096 --batch_size %d`, %d mini-batches%s; `%s`.\n" % (
+            "`--hidden 4096 --batch_size %d`, %d mini-batches; `%s`.\n" % (
                 example, most, settings["cpus"], BASELINE, figures, settings["batch_size"],
-                settings["steps"], "" if len(measured[0][1]) == 1 else
-                "; the median of %d runs, the range in brackets" % len(measured[0][1]),
-                settings["command"]))
+                settings["steps"], settings["command"]))
     return sections
 
 
@@ -288,9 +309,12 @@ def main(argv=None, prog="scaling.py"):
         counts = worker_counts(args.workers)
         if args.repeats < 1:
             raise ValueError("--repeats: give 1 or more runs a cell")
+        if not 1 <= args.limited_repeats <= args.repeats:
+            raise ValueError("--limited_repeats: give 1 to --repeats (%d) runs a cell"
+                             % args.repeats)
         if args.quick:
             args.steps, args.eval_every, counts = 100, 20, [n for n in counts if n <= 2]
-            args.repeats = 1
+            args.repeats = args.limited_repeats = 1
         rates = command_line.parse_rates(args.bandwidth)
         names = [e for e in example_runs.select_examples(args.examples) if e != BASELINE
                  and (e not in LEFT_OUT or args.examples)]
@@ -305,14 +329,15 @@ def main(argv=None, prog="scaling.py"):
         return command_line.error(str(e))
     who = os.path.splitext(prog)[0]
     cells = [(e, n, label) for label, _ in rates for e in names for n in counts]
-    started, done, total = time.time(), 0, (len(cells) + 1) * args.repeats
+    plan = rounds(cells, args.repeats, args.limited_repeats)
+    started, done, total = time.time(), 0, sum(len(cells) + 1 for cells in plan)
     baseline, results = [], {cell: [] for cell in cells}
-    for run in range(1, args.repeats + 1):  # round after round: the machine's drift falls evenly
-        for cell in [None] + cells:
+    for run, round_cells in enumerate(plan, 1):  # round after round: drift falls on every cell
+        for cell in [None] + round_cells:
             done += 1
-            print("[%d/%d] %s, run %d of %d (%.0f s so far)" % (
+            print("[%d/%d] %s, run %d (%.0f s so far)" % (
                 done, total, "%s, one process on one host of %g cores" % (BASELINE, args.cpus)
-                if cell is None else "%s, %d worker(s), links %s" % cell, run, args.repeats,
+                if cell is None else "%s, %d worker(s), links %s" % cell, run,
                 time.time() - started), file=sys.stderr, flush=True)
             if cell is None:
                 baseline.append(run_baseline(args, who, repeat_tag("scaling-" + BASELINE, run)))

@@ -699,11 +699,30 @@ def test_the_scaling_table_gives_each_cells_median_and_range_over_its_runs(tmp_p
     assert bounds == [["DOWNPOUR", "unlimited", "0.83 (0.80-0.90)", "510", "n/a", "n/a"]]
     section = scaling.example_sections(results, baseline, dict(
         command="sudo python benchmarks/scaling.py", cpus=0.4, steps=900, batch_size=512))
-    assert ("2.50 (2.40-2.70) times its mini-batches/s at unlimited links (efficiency 0.83)"
-            in section["DOWNPOUR"]) and "the median of 3 runs" in section["DOWNPOUR"]
+    assert ("2.50 (2.40-2.70) times its mini-batches/s at unlimited links (efficiency 0.83; the "
+            "median of 3 runs, the range in brackets)") in section["DOWNPOUR"]
     scaling.plot_speed_up(str(tmp_path / "speed_up.png"), results, baseline,
                           [("unlimited", None)], [3])
     assert (tmp_path / "speed_up.png").read_bytes().startswith(PNG_SIGNATURE)
+
+
+def test_scaling_runs_a_cell_at_a_limited_rate_in_the_first_rounds_only_and_says_so(tmp_path):
+    cells = [("DOWNPOUR", 3, "unlimited"), ("DOWNPOUR", 3, "1gbit")]
+    assert scaling.rounds(cells, 3, 1) == [cells, cells[:1], cells[:1]]
+    assert scaling.rounds(cells, 2, 2) == [cells, cells]
+    baseline = [fake_metrics(r, workers=1) for r in (38.0, 40.0, 44.0)]
+    results = {cells[0]: [fake_metrics(r) for r in (100.0, 108.0, 96.0)],
+               cells[1]: [fake_metrics(90.0)]}
+    text = scaling.write_table(str(tmp_path / "scaling.md"), results, baseline,
+                               dict(command="sudo python benchmarks/scaling.py", cpus=0.4,
+                                    steps=900, batch_size=512))
+    assert "medians of 3 runs a cell (1 at 1gbit), the range in brackets" in text
+    assert "| DOWNPOUR | 3 | 1gbit | 90.0 | 2.25 | 0.75 |" in text
+    section = scaling.example_sections(results, baseline, dict(
+        command="sudo python benchmarks/scaling.py", cpus=0.4, steps=900, batch_size=512))
+    assert ("range in brackets) and 2.25 times at 1 Gbit/s (efficiency 0.75)."
+            in section["DOWNPOUR"])
+    assert scaling.main(["--limited_repeats", "4"]) == 2  # more than --repeats: one line
 
 
 def test_scaling_repeats_keep_the_first_runs_tag_so_earlier_logs_redraw():
