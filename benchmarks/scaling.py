@@ -21,9 +21,9 @@ mini-batches in all. Links are unlimited and
 Every cell at unlimited links, the baseline included, runs --repeats times (3 by default), the
 rounds one after the other so that a slow spell of the machine falls on every cell alike: one run
 a cell cannot tell a scheme's cost from the machine's noise (one host's own rate varies by some
-10% between runs). A cell at a limited rate runs --limited_repeats times (1 by default, in the
-first round): it shows how much of the link a step uses, and a round of it costs as long as a
-round at unlimited links. The tables give each figure's median over the runs and, after it,
+10% between runs). At a limited rate only the most workers run (--limited_workers), and
+--limited_repeats times (1 by default, in the first round): those cells show how much of the
+link a step uses, and all worker counts three times over would add some 2 hours. The tables give each figure's median over the runs and, after it,
 their range; a speed-up is each run's rate over the median of one host's.
 
 Writes into --out:
@@ -82,6 +82,12 @@ def parser(prog):
     p.add_argument("--limited_repeats", type=int, default=1, metavar="R",
                    help="runs of every cell at a limited link rate, at most --repeats "
                         "(default: 1)")
+    p.add_argument("--limited_workers", default="", metavar="COUNTS",
+                   help="the worker counts run at a limited link rate, among --workers "
+                        "(default: the most)")
+    p.add_argument("--resume", action="store_true",
+                   help="read back the runs whose metrics are already in --out/logs instead of "
+                        "running them again (a run cut short goes on)")
     p.add_argument("--quick", action="store_true",
                    help="100 steps, 2 workers at most, one run a cell: a smoke run that "
                         "publishes nothing")
@@ -285,10 +291,10 @@ def plot_speed_up(path, results, baseline, rates, counts):
     for ax, (label, _) in zip(axes[0], rates):
         ax.plot(counts, counts, color="black", linestyle=":", label="ideal")
         for i, example in enumerate(examples):
-            ups = [speed_ups(results[(example, n, label)], one_host) for n in counts
-                   if (example, n, label) in results]
+            xs = [n for n in counts if (example, n, label) in results]
+            ups = [speed_ups(results[(example, n, label)], one_host) for n in xs]
             ys = [statistics.median(u) for u in ups]
-            ax.errorbar(counts[:len(ys)], ys, yerr=[[y - min(u) for y, u in zip(ys, ups)],
+            ax.errorbar(xs, ys, yerr=[[y - min(u) for y, u in zip(ys, ups)],
                                                     [max(u) - y for y, u in zip(ys, ups)]],
                         label=example, capsize=3, **example_runs.line_style(i))
         ax.set_title("links: %s" % label)
@@ -315,6 +321,11 @@ def main(argv=None, prog="scaling.py"):
         if args.quick:
             args.steps, args.eval_every, counts = 100, 20, [n for n in counts if n <= 2]
             args.repeats = args.limited_repeats = 1
+        limited_counts = worker_counts(args.limited_workers) if args.limited_workers else [
+            max(counts)]
+        if not set(limited_counts) <= set(counts):
+            raise ValueError("--limited_workers: give counts among --workers (%s)"
+                             % ",".join(map(str, counts)))
         rates = command_line.parse_rates(args.bandwidth)
         names = [e for e in example_runs.select_examples(args.examples) if e != BASELINE
                  and (e not in LEFT_OUT or args.examples)]
@@ -328,7 +339,8 @@ def main(argv=None, prog="scaling.py"):
     except (ValueError, RuntimeError, cluster.SetupError) as e:
         return command_line.error(str(e))
     who = os.path.splitext(prog)[0]
-    cells = [(e, n, label) for label, _ in rates for e in names for n in counts]
+    cells = [(e, n, label) for label, bits in rates for e in names for n in counts
+             if bits is None or n in limited_counts]
     plan = rounds(cells, args.repeats, args.limited_repeats)
     started, done, total = time.time(), 0, sum(len(cells) + 1 for cells in plan)
     baseline, results = [], {cell: [] for cell in cells}
@@ -339,13 +351,16 @@ def main(argv=None, prog="scaling.py"):
                 done, total, "%s, one process on one host of %g cores" % (BASELINE, args.cpus)
                 if cell is None else "%s, %d worker(s), links %s" % cell, run,
                 time.time() - started), file=sys.stderr, flush=True)
-            if cell is None:
-                baseline.append(run_baseline(args, who, repeat_tag("scaling-" + BASELINE, run)))
-                continue
-            example, n, label = cell
-            results[cell].append(example_runs.run_example(
-                example, n, args, repeat_tag("scaling-%s-%d-%s" % cell, run),
-                train_args=WORKLOAD, bandwidth=label, cpus=args.cpus, who=who))
+            tag = repeat_tag("scaling-" + (BASELINE if cell is None else "%s-%d-%s" % cell), run)
+            done_before = os.path.join(args.out, "logs", tag + ".json")
+            if args.resume and not args.from_logs and os.path.exists(done_before):
+                metrics = example_runs.read_metrics(done_before)
+            elif cell is None:
+                metrics = run_baseline(args, who, tag)
+            else:
+                metrics = example_runs.run_example(cell[0], cell[1], args, tag, train_args=WORKLOAD,
+                                                   bandwidth=cell[2], cpus=args.cpus, who=who)
+            (baseline if cell is None else results[cell]).append(metrics)
     os.makedirs(args.out, exist_ok=True)
     settings = dict(command=example_runs.rerun_command(prog, argv, sudo=True), cpus=args.cpus,
                     steps=args.steps, batch_size=args.batch_size, target=args.target)

@@ -723,6 +723,10 @@ def test_scaling_runs_a_cell_at_a_limited_rate_in_the_first_rounds_only_and_says
     assert ("range in brackets) and 2.25 times at 1 Gbit/s (efficiency 0.75)."
             in section["DOWNPOUR"])
     assert scaling.main(["--limited_repeats", "4"]) == 2  # more than --repeats: one line
+    assert scaling.main(["--limited_workers", "4"]) == 2  # not among --workers
+    scaling.plot_speed_up(str(tmp_path / "speed_up.png"), results, baseline,
+                          [("unlimited", None), ("1gbit", 1e9)], [1, 3])  # 1gbit: 3 workers
+    assert (tmp_path / "speed_up.png").read_bytes().startswith(PNG_SIGNATURE)
 
 
 def test_scaling_repeats_keep_the_first_runs_tag_so_earlier_logs_redraw():
