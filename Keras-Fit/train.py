@@ -334,7 +334,8 @@ def progress_callback(args, cluster, data, is_chief, minibatches_per_step, last_
                 updates=global_step - self.start_step, timed_from_step=self.timed_from_step,
                 timed_seconds=seconds, steps_per_sec=minibatches / seconds,
                 examples_per_sec=minibatches * args.batch_size / seconds,
-                strategy=args.strategy, steps_per_execution=args.steps_per_execution)
+                strategy=args.strategy, steps_per_execution=args.steps_per_execution,
+                mini_batches=(global_step - self.start_step) * minibatches_per_step)
             if args.strategy != "parameter_server":  # every worker in every step
                 summary["local_steps"] = [global_step] * workers
                 summary["learning_rate_eff"] = args.learning_rate * minibatches_per_step

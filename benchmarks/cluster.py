@@ -704,9 +704,11 @@ def traffic_report(roles, before, after, metrics, rate):
               "total_bytes": sum(h["sent_bytes"] for h in hosts.values()),
               "busiest_link": {"host": busiest[1], "direction": busiest[2].split("_")[0],
                                "bytes": busiest[0]}}
-    if metrics and metrics.get("local_steps"):
-        # computed by the workers over the whole run; a lost worker's count is -1
-        mini_batches = sum(s for s in metrics["local_steps"] if s > 0)
+    if metrics and (metrics.get("local_steps") or metrics.get("mini_batches")):
+        # computed by the workers over the whole run, a lost worker's count -1; a coordinator
+        # that does not know which worker ran a step (Keras-Fit's) counts them all
+        mini_batches = (sum(s for s in metrics["local_steps"] if s > 0)
+                        if metrics.get("local_steps") else metrics["mini_batches"])
         report["mini_batches"] = mini_batches
         report["bytes_per_mini_batch"] = report["total_bytes"] / max(mini_batches, 1)
         report["mini_batches_per_sec"] = metrics.get("steps_per_sec")

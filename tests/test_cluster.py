@@ -325,6 +325,10 @@ def test_the_bound_is_the_busiest_direction_of_the_busiest_link_over_its_rate():
     assert report["fraction_of_bound"] == pytest.approx(0.2)
     unlimited = cluster_tool.traffic_report(roles, before, after, metrics, None)
     assert "bound_mini_batches_per_sec" not in unlimited and "fraction_of_bound" not in unlimited
+    coordinated = cluster_tool.traffic_report(  # a coordinator's summary: no count per worker
+        roles, before, after, {"mini_batches": 90, "steps_per_sec": 4.0}, 8 * 10 ** 6)
+    assert coordinated["bytes_per_mini_batch"] == 10 ** 5
+    assert coordinated["fraction_of_bound"] == pytest.approx(4.0 / 18)
 
 
 # ==================================================================================================

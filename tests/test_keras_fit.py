@@ -68,6 +68,7 @@ def test_the_parameter_server_run_saves_a_model_that_loads_in_a_fresh_process_wi
     summary = run.summary()
     assert summary["strategy"] == "parameter_server" and summary["ps"] == "1", summary
     assert summary["global_step"] == "2000", summary  # mini-batches: one a step, on a worker
+    assert summary["mini_batches"] == "2000", summary  # what the benchmarks count bytes per
     assert os.path.isfile(os.path.join(run.log_dir, "train", os.listdir(
         os.path.join(run.log_dir, "train"))[0]))  # TensorBoard's callback wrote its curves
     saved = os.path.join(run.log_dir, "model.keras")
@@ -81,6 +82,7 @@ def test_under_multi_worker_mirrored_the_workers_fit_in_lockstep_to_the_bar_and_
     assert run.code == 0, run.output[-3000:]
     summary = run.summary()
     assert summary["global_step"] == "1000" and summary["local_steps"] == "1000,1000", summary
+    assert summary["mini_batches"] == "2000", summary  # N a step
     assert summary["ps"] == "0" and summary["learning_rate_eff"] == "0.2", summary
     assert float(summary["test_accuracy"]) >= ACCURACY_BAR, summary
     # both workers saw the same loss at every epoch's end: one model, in step
