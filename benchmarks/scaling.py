@@ -23,8 +23,9 @@ rounds one after the other so that a slow spell of the machine falls on every ce
 a cell cannot tell a scheme's cost from the machine's noise (one host's own rate varies by some
 10% between runs). At a limited rate only the most workers run (--limited_workers), and
 --limited_repeats times (1 by default, in the first round): those cells show how much of the
-link a step uses, and all worker counts three times over would add some 2 hours. The tables give each figure's median over the runs and, after it,
-their range; a speed-up is each run's rate over the median of one host's.
+link a step uses, and all worker counts three times over would add some 2 hours. The tables
+give each figure's median over the runs and, after it, their range; a speed-up is each run's
+rate over the median of one host's.
 
 Writes into --out:
   scaling.md    one row per example, workers and link rate: mini-batches/s (all workers),
@@ -295,7 +296,7 @@ def plot_speed_up(path, results, baseline, rates, counts):
             ups = [speed_ups(results[(example, n, label)], one_host) for n in xs]
             ys = [statistics.median(u) for u in ups]
             ax.errorbar(xs, ys, yerr=[[y - min(u) for y, u in zip(ys, ups)],
-                                                    [max(u) - y for y, u in zip(ys, ups)]],
+                                      [max(u) - y for y, u in zip(ys, ups)]],
                         label=example, capsize=3, **example_runs.line_style(i))
         ax.set_title("links: %s" % label)
         ax.set_xlabel("workers (hosts of their own)")
@@ -342,7 +343,7 @@ def main(argv=None, prog="scaling.py"):
     cells = [(e, n, label) for label, bits in rates for e in names for n in counts
              if bits is None or n in limited_counts]
     plan = rounds(cells, args.repeats, args.limited_repeats)
-    started, done, total = time.time(), 0, sum(len(cells) + 1 for cells in plan)
+    started, done, total = time.time(), 0, sum(len(round_cells) + 1 for round_cells in plan)
     baseline, results = [], {cell: [] for cell in cells}
     for run, round_cells in enumerate(plan, 1):  # round after round: drift falls on every cell
         for cell in [None] + round_cells:
