@@ -53,7 +53,8 @@ def example_flags(parser):
 
 # --- Data (replace with your own) -----------------------------------------------------------------
 # >>> shared: data
-Dataset = collections.namedtuple("Dataset", "x_train y_train x_test y_test num_classes")
+Dataset = collections.namedtuple("Dataset", "x_train y_train x_test y_test num_classes x_scale",
+                                 defaults=[1.0])  # x_scale: integer pixels are divided by it
 
 
 def load_dataset(data_path=""):
@@ -61,7 +62,7 @@ def load_dataset(data_path=""):
     rows of 64 pixels in [0, 1], labels 0-9; or data_path's, checked below the banner."""
     if data_path.endswith(".npz"):  # arrays (read_npz)
         return Dataset(*read_npz(data_path))
-    if data_path:  # TFRecord files: a folder, or a glob of the training files (read_records)
+    if data_path:  # a folder of TFRecord files (read_records)
         return read_records(data_path)
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
@@ -76,7 +77,7 @@ def training_dataset(data, batch_size, worker_index, num_workers, seed):
     """This worker's endless stream of mini-batches: its own shard, reshuffled every epoch."""
     if isinstance(data, Records):  # files: this worker reads files of its own
         return records_dataset(data, batch_size, worker_index, num_workers, seed)
-    ds = arrays_dataset(data.x_train, data.y_train, worker_index, num_workers, seed)
+    ds = arrays_dataset(data.x_train, data.y_train, worker_index, num_workers, seed, data.x_scale)
     return ds.repeat().batch(batch_size, drop_remainder=True).prefetch(2)
 # <<< shared: data
 
@@ -305,8 +306,7 @@ def fail(message):
 
 
 def number_type(kind, positive):
-    """A flag's type: a number of kind (int or float), more than 0 if positive, else 0 or more
-    (NaN neither); a bad value fails in one line that names the flag."""
+    """A flag's type: a number of kind, more than 0 if positive, else 0 or more (NaN neither)."""
     def parse(text):
         value = kind(text)  # not a number: a ValueError, and argparse says "invalid ... value"
         if not (value > 0 if positive else value >= 0):
@@ -322,9 +322,7 @@ non_negative_int, non_negative_float = number_type(int, False), number_type(floa
 
 
 def parse_flags(argv, example_flags):
-    """The flags every example shares (and a cluster's, where JOBS names one), then the
-    example's own; a bad value fails here, in one line. Every number has its type:
-    positive_int, positive_float, non_negative_int or non_negative_float."""
+    """The flags every example shares (a cluster's, where JOBS names one), then its own."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.error = lambda message: fail(  # "--steps must be positive, got 0", or argparse's words
@@ -335,26 +333,21 @@ def parse_flags(argv, example_flags):
         ("batch_size", positive_int, 64, "examples per mini-batch"),
         ("learning_rate", positive_float, 0.1, "the workers' learning rate"),
         ("hidden", positive_int, 128, "width of the MLP's hidden layer"),
-        ("data_path", str, "", "your own data: an .npz with x_train, y_train, x_test and y_test, "
-         "any numbers and shapes, or TFRecord files: a folder or a glob (tools/npz_to_tfrecord.py "
-         "writes them) (default: the digits)"),
+        ("data_path", str, "", "an .npz of x_train, y_train, x_test, y_test, or a folder of "
+         "TFRecord files (tools/npz_to_tfrecord.py) (default: the digits)"),
         ("log_dir", str, "", "checkpoints and summaries; one that has them resumes"),
         ("seed", non_negative_int, 0, "seed of the initial weights and the shuffling"),
-        ("metrics_file", str, "", "also write the summary and the test metrics' history here, "
-         "as JSON (for plots)"),
-        ("log_every", positive_int, 100, "progress (the chief's: test metrics) every N local "
-         "steps"),
+        ("log_every", positive_int, 100, "progress (the chief's: test metrics) every N local steps"),
     ]
     cluster = [
         ("job_name", str, "", "ps or worker (or set TF_CONFIG)"),
         ("task_index", non_negative_int, 0, "this task's index in its job"),
         ("ps_hosts", str, "", "comma-separated host:port of the ps tasks"),
         ("worker_hosts", str, "", "comma-separated host:port of the workers"),
-        ("connect_timeout", positive_float, None, "seconds to wait for the other tasks; if "
-         "not given, 60, or 600 under TF_CONFIG (a cluster's pods may start minutes apart)"),
-        ("watchdog", positive_float, 300.0, "a worker that completes no step for this many "
-         "seconds exits with an error, so that its restart policy starts it again (the "
-         "tf.compat.v1 examples with a ps)"),
+        ("connect_timeout", positive_float, None, "seconds to wait for the other tasks; if not "
+         "given, 60, or 600 under TF_CONFIG (a cluster's pods may start minutes apart)"),
+        ("watchdog", positive_float, 300.0, "a worker whose step has not returned for this many "
+         "seconds exits, for its restart policy to start it again (the examples with a ps)"),
     ]
     for flag, kind, default, text in common + (cluster if JOBS else []):
         p.add_argument("--" + flag, type=kind, default=default, help=text)
@@ -364,81 +357,6 @@ def parse_flags(argv, example_flags):
         run_name = time.strftime("%Y%m%d-%H%M%S-") + str(os.getpid())
         args.log_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "logs", run_name)
     return args
-
-
-NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
-
-
-def read_npz(path, classes=True):
-    """--data_path's .npz: x_train, y_train, x_test and y_test, checked before TensorFlow loads,
-    and num_classes. Features of any shape: floats are kept as they are (in float32); integers
-    (pixels) stay one byte each in memory, read in float32 scaled to [0, 1] by the largest in
-    x_train (Pixels); images (N, H, W) gain a channel axis (N, H, W, 1), as a convolution
-    takes them. Labels: with classes, whole numbers from 0, and num_classes is the
-    largest + 1; without, any numbers (a regression's targets, in float32; num_classes None)."""
-    try:
-        with np.load(path) as f:
-            x_train, y_train, x_test, y_test = (f[k] for k in NPZ_KEYS)
-    except (OSError, KeyError, ValueError) as e:  # missing, unreadable, or a key missing
-        fail("cannot load %s (%s): give an .npz with x_train, y_train, x_test and y_test"
-             % (path, str(e).splitlines()[0]))
-    for name, array in zip(NPZ_KEYS, (x_train, y_train, x_test, y_test)):
-        if array.dtype.kind not in "biuf" or array.ndim == 0 or len(array) == 0:
-            fail("%s: %s must be a non-empty array of numbers, not %s %s"
-                 % (path, name, array.dtype, array.shape))
-        if array.dtype.kind == "f" and not all(np.isfinite(array[i:i + 4096]).all()
-                                               for i in range(0, len(array), 4096)):
-            fail("%s: %s has NaN or infinite values" % (path, name))
-    if len(x_train) != len(y_train) or len(x_test) != len(y_test):
-        fail("%s: x and y differ in length: %d and %d to train, %d and %d to test"
-             % (path, len(x_train), len(y_train), len(x_test), len(y_test)))
-    if x_train.shape[1:] != x_test.shape[1:]:
-        fail("%s: train and test examples differ in shape: %s and %s"
-             % (path, x_train.shape[1:], x_test.shape[1:]))
-    num_classes = None
-    if classes:
-        for name, y in (("y_train", y_train), ("y_test", y_test)):
-            if y.ndim != 1 or np.any(y != np.round(y)) or y.min() < 0:
-                fail("%s: %s must hold class labels: whole numbers from 0" % (path, name))
-        num_classes = int(max(y_train.max(), y_test.max())) + 1
-    y_train, y_test = (y.astype(np.int64 if classes else np.float32) for y in (y_train, y_test))
-    if x_train.ndim == 3:  # images without a channel axis
-        x_train, x_test = x_train[..., np.newaxis], x_test[..., np.newaxis]
-    if x_train.dtype.kind == "f":
-        x_train, x_test = as_float32(x_train), as_float32(x_test)
-    else:  # integer pixels
-        scale = max(float(x_train.max()), 1.0)
-        x_train, x_test = Pixels(x_train, scale), Pixels(x_test, scale)
-    return x_train, y_train, x_test, y_test, num_classes
-
-
-class Pixels(object):
-    """Integer pixels as they are in memory (a byte each, where float32 takes four), read as
-    float32 divided by scale (to [0, 1]), a slice at a time: x[rows] is float32, and so is
-    np.asarray(x). arrays_dataset hands a graph the bytes, and the graph scales them."""
-
-    def __init__(self, pixels, scale):
-        self.pixels, self.scale = pixels, scale
-        self.shape, self.dtype = pixels.shape, np.dtype(np.float32)
-
-    def __len__(self):
-        return len(self.pixels)
-
-    def __getitem__(self, rows):
-        return as_float32(self.pixels[rows], self.scale)
-
-    def __array__(self, dtype=None, copy=None):
-        return as_float32(self.pixels, self.scale)
-
-
-def as_float32(x, scale=1.0):
-    """x / scale in float32, a few thousand rows at a time: never a float64 copy of x."""
-    if x.dtype == np.float32 and scale == 1.0:
-        return x
-    out = np.empty(x.shape, np.float32)
-    for i in range(0, len(x), 4096):
-        out[i:i + 4096] = x[i:i + 4096] / scale
-    return out
 # <<< shared: flags
 
 
@@ -745,22 +663,8 @@ def is_listening(address):
     return True
 
 
-def port_taken(address):
-    """Whether something answers at address, or holds its port on this host (a client's
-    connection the kernel gave that port, too): the bind a TensorFlow server makes, on every
-    interface and with SO_REUSEADDR, so that a port left in TIME_WAIT counts as free."""
-    with socket.socket() as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind(("", int(address.rsplit(":", 1)[1])))
-        except OSError:
-            return True
-    return is_listening(address)
-
-
 def wait_for(condition, seconds=float("inf"), waiting=None):
-    """Whether condition() came true within seconds (it is checked four times a second). If the
-    wait is long, waiting() says every 30 s what this task waits for: a line a user can act on."""
+    """Whether condition() came true within seconds; waiting() says every 30 s what for."""
     started = last_line = time.time()
     while not condition():
         if time.time() > started + seconds:
@@ -774,20 +678,12 @@ def wait_for(condition, seconds=float("inf"), waiting=None):
 
 
 # >>> shared: summary
-def print_summary(role, summary, history, metrics_file):
-    """The summary line, key=value ...; with --metrics_file also as JSON, with the history of the
-    test metrics ([seconds, global step, then each metric] per evaluation), for plots."""
-    def text(value):
-        if isinstance(value, list):
-            return ",".join(str(v) for v in value)
-        if isinstance(value, float):
-            return "%.6g" % value
-        return str(value)
-    fields = " ".join("%s=%s" % (key, text(value)) for key, value in summary.items())
-    print("[%s] summary %s" % (role, fields), flush=True)
-    if metrics_file:
-        with open(metrics_file, "w") as f:
-            json.dump(dict(summary, history=history), f, indent=1)
+def print_summary(role, summary):
+    """The run's last line, key=value ...: what users, the tests and the benchmarks read."""
+    text = lambda v: (",".join(map(str, v)) if isinstance(v, list)
+                      else "%.6g" % v if isinstance(v, float) else str(v))
+    print("[%s] summary %s" % (role, " ".join("%s=%s" % (k, text(v)) for k, v in summary.items())),
+          flush=True)
 # <<< shared: summary
 
 

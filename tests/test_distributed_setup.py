@@ -9,14 +9,14 @@ import time
 
 import pytest
 
-from support.examples import ACCURACY_BAR
+from support.examples import ACCURACY_BAR, load_train_module
 from support.processes import assert_nothing_left
 from support.runs import finish, kill_mid_run, read_until, start_example, started_pid
 
 
 # --- Training end to end through run.sh -----------------------------------------------------------
 def test_distributed_setup_trains_every_step_once_on_one_of_its_two_workers(default_runs):
-    # the bar, the metrics file, the checkpoints and every process's end:
+    # the bar, the TensorBoard events, the checkpoints and every process's end:
     # test_examples_end_to_end.py
     summary = default_runs["Distributed-Setup"].summary()
     local_steps = [int(s) for s in summary["local_steps"].split(",")]
@@ -74,84 +74,176 @@ def test_a_rerun_with_the_same_log_dir_resumes_from_the_checkpoint(run_example, 
     assert summary["global_step"] == "500" and summary["local_steps"] == "200"
 
 
+# --- The chief's session on a real in-process cluster: what TensorFlow's defaults get wrong -----
+def chief_run(module, cluster, server, *argv, last_step=10 ** 6, worker_class=None, hooks=(),
+              extra=lambda sgd: None):
+    """Distributed-Setup's chief in a graph of its own (a new process, as after a restart): its
+    step on a fixed batch, its Worker and its MonitoredSession, the graph left as the default
+    (as in train.py); extra(sgd) adds ops first. Returns (sgd, worker, session, extra's)."""
+    from support.in_process import fixed_batch, flags, tiny_records
+    tf = module.tf
+    args = flags(module, *argv)
+    args.job_name, args.task_index, args.connect_timeout = "worker", 0, 10.0
+    data = module.read_records(tiny_records(os.path.join(args.log_dir, "records")))
+    tf.compat.v1.reset_default_graph()
+    with tf.compat.v1.device(tf.compat.v1.train.replica_device_setter(
+            cluster=cluster, worker_device="/job:worker/task:0")):
+        sgd = module.build_sgd(args, *fixed_batch())
+    worker = (worker_class or module.Worker)(
+        args, cluster, lambda x, y: module.model_metrics(sgd.params, x, y), data)
+    added = extra(sgd)
+    session = worker.session(server, sgd.loss, sgd.step, last_step=last_step, hooks=hooks)
+    return sgd, worker, session, added
+
+
+@pytest.fixture
+def graph_mode():
+    """tf.compat.v1 graph mode, as train.py's main() sets it, undone after the test."""
+    from support.examples import load_train_module as load
+    tf = load("Distributed-Setup").tf
+    tf.compat.v1.disable_eager_execution()
+    yield
+    tf.compat.v1.reset_default_graph()
+    tf.compat.v1.enable_eager_execution()
+
+
 def test_a_restarted_chief_resumes_at_the_ps_global_step_where_tensorflow_would_roll_back(
-        tmp_path):
-    # On a real in-process cluster: the chief's session as its session creator makes it, a
-    # checkpoint at global step 100, then the ps moves on to 300 and the chief restarts (a new
-    # graph, a new session creator). It goes on at 300, where the ps is; TensorFlow's own
+        tmp_path, graph_mode):
+    # A checkpoint at global step 100, then the ps moves on to 300 and the chief restarts (a
+    # new graph, a new session). It goes on at 300, where the ps is; TensorFlow's own
     # prepare_session, given the checkpoint_dir, would restore 100 over the live ps.
-    import numpy as np
-    from support.examples import load_train_module
-    from support.in_process import fixed_batch, flags, in_process_cluster
-    from support.in_process import worker_config
+    from support.in_process import fixed_batch, in_process_cluster, worker_config
     module = load_train_module("Distributed-Setup")
     tf = module.tf
     cluster, (server,) = in_process_cluster()
-    args = flags(module, "--log_dir", str(tmp_path))
-    test_set = (np.zeros((2, 5), np.float32), np.zeros(2, np.int64))
-
-    on_the_ps = lambda: tf.compat.v1.device(tf.compat.v1.train.replica_device_setter(
-        cluster=cluster, worker_device="/job:worker/task:0"))
-
-    def chief_session():
-        with tf.Graph().as_default():
-            with on_the_ps():
-                sgd = module.build_sgd(args, *fixed_batch())
-            worker = module.Worker(args, cluster, lambda x, y: {}, test_set)
-            creator = module.StartOrRejoin(worker, server)
-            return sgd, worker, creator, creator.create_session()
-    sgd, worker, creator, session = chief_session()
+    sgd, worker, session, _ = chief_run(module, cluster, server, "--log_dir", str(tmp_path))
     assert not worker.kept_variables  # a new run: initialised
-    with session.graph.as_default():
-        sgd.global_step.load(100, session)
-        creator.saver.save(session, str(tmp_path / "model.ckpt"), global_step=100)
-        sgd.global_step.load(300, session)  # the run goes on, on the ps
-    session.close()
-    sgd, worker, creator, session = chief_session()  # the chief, restarted
-    try:
-        assert worker.kept_variables and session.run(sgd.global_step) == 300
-    finally:
-        session.close()
+    raw = session._tf_sess()
+    sgd.global_step.load(100, raw)
+    worker.saver.save(raw, str(tmp_path / "at100" / "model.ckpt"), global_step=100)
+    sgd.global_step.load(300, raw)  # the run goes on, on the ps
+    sgd, worker, session, _ = chief_run(module, cluster, server, "--log_dir", str(tmp_path))
+    assert worker.kept_variables and session._tf_sess().run(sgd.global_step) == 300
     with tf.Graph().as_default():  # TensorFlow's default, which the session creator corrects
-        with on_the_ps():
-            sgd = module.build_sgd(args, *fixed_batch())
+        with tf.compat.v1.device(tf.compat.v1.train.replica_device_setter(
+                cluster=cluster, worker_device="/job:worker/task:0")):
+            sgd = module.build_sgd(chief_args(module, tmp_path), *fixed_batch())
         manager = tf.compat.v1.train.SessionManager()
         default = manager.prepare_session(server.target, saver=tf.compat.v1.train.Saver(),
-                                          checkpoint_dir=str(tmp_path), config=worker_config(0))
+                                          checkpoint_dir=str(tmp_path / "at100"),
+                                          config=worker_config(0))
         try:
             assert default.run(sgd.global_step) == 100  # the ps rolled back to the checkpoint
         finally:
             default.close()
 
 
-def test_the_hooks_get_the_global_step_the_last_update_returned_not_a_read_of_the_ps(tmp_path):
-    # TensorFlow's StopAtStepHook and CheckpointSaverHook fetch the global step with every run;
-    # Progress feeds them the value the last update returned, so a step's graph on the ps holds
-    # no read of it for them, and the run still stops at the last step
-    import numpy as np
-    from support.examples import load_train_module
-    from support.in_process import fixed_batch, flags, in_process_cluster
+def chief_args(module, tmp_path):
+    from support.in_process import flags
+    return flags(module, "--log_dir", str(tmp_path))
+
+
+def test_a_first_session_lost_to_a_restart_still_starts_the_clock_and_ends_the_run(
+        tmp_path, capsys, graph_mode):
+    # a ps restarting while the chief starts: its first session is lost (Aborted) and
+    # MonitoredSession makes another, the first that works; the run then trains and ends
+    from support.in_process import in_process_cluster
     module = load_train_module("Distributed-Setup")
     tf = module.tf
     cluster, (server,) = in_process_cluster()
-    args = flags(module, "--log_dir", str(tmp_path), "--connect_timeout", "5")
-    test_set = (np.zeros((2, 5), np.float32), np.zeros(2, np.int64))
-    with tf.Graph().as_default():
-        with tf.compat.v1.device(tf.compat.v1.train.replica_device_setter(
-                cluster=cluster, worker_device="/job:worker/task:0")):
-            sgd = module.build_sgd(args, *fixed_batch())
-        worker = module.Worker(args, cluster, lambda x, y: module.model_metrics(
-            sgd.params, x, y), test_set)
-        with worker.session(server, sgd.loss, sgd.step, last_step=20) as session:
-            metadata = tf.compat.v1.RunMetadata()
-            session.run(sgd.step, options=tf.compat.v1.RunOptions(output_partition_graphs=True),
-                        run_metadata=metadata)
-            ops = {node.name for graph in metadata.partition_graphs for node in graph.node}
-            assert "global_step" in ops  # the update's own ops on the ps
-            assert not [op for op in ops if op.startswith("global_step_read")], sorted(ops)
-            while not session.should_stop():
-                session.run(sgd.step)
-    assert worker.local_steps == 20
+
+    class FirstSessionLost(module.Worker):
+        def create_session(self):
+            if not getattr(self, "lost_one", False):
+                self.lost_one = True
+                raise tf.errors.AbortedError(None, None, "a ps restarted as the chief started")
+            return super().create_session()
+    sgd, worker, session, _ = chief_run(module, cluster, server, "--log_dir", str(tmp_path),
+                                     last_step=20, worker_class=FirstSessionLost)
+    with session:
+        while not session.should_stop():
+            session.run(sgd.step)
+    out = capsys.readouterr().out
+    assert out.count("[worker0] training started") == 1, out
+    summary = [l for l in out.splitlines() if "] summary " in l]
+    assert len(summary) == 1 and "global_step=20 " in summary[0] and "updates=20 " in summary[0]
+
+
+def test_an_update_retried_in_a_new_session_that_finds_the_run_over_is_not_run_again(
+        tmp_path, graph_mode):
+    # the last steps land while this worker's step is lost to a restart: MonitoredSession runs
+    # the lost step again in the new session, which must end the run instead (run again, the
+    # update would land past the last step, and a synchronous one would wait for a round that
+    # nobody joins)
+    from support.in_process import in_process_cluster
+    module = load_train_module("Distributed-Setup")
+    tf = module.tf
+    cluster, (server,) = in_process_cluster()
+    last_step = 20
+
+    class LostAtStep10(module.Hook):  # the others finish the run as this step is lost
+        def after_create_session(self, session, coord):
+            self.session = session
+
+        def before_run(self, run_context):
+            if self.done or not worker.local_steps == 10:
+                return None
+            self.done = True
+            sgd.global_step.load(last_step, self.session)
+            raise tf.errors.AbortedError(None, None, "a ps restarted")
+    lost = LostAtStep10(done=False)
+    sgd, worker, session, _ = chief_run(module, cluster, server, "--log_dir", str(tmp_path),
+                                     last_step=last_step, hooks=[lost])
+    with session:
+        while not session.should_stop():
+            session.run(sgd.step)
+    assert lost.done and worker.sessions == 2
+    assert tf.train.load_checkpoint(str(tmp_path)).get_tensor("global_step") == last_step
+
+
+def test_with_two_ps_a_ps_that_lost_its_variables_gets_them_back_and_the_other_keeps_its_own(
+        tmp_path, capsys, graph_mode):
+    # ps1 loses its variables (as when it restarts) while ps0 keeps the global step and the
+    # rest: the chief's new session restores ps1's alone from its checkpoint; with no
+    # checkpoint it says so in one line and starts ps1's from their initial values
+    import numpy as np
+    from support.in_process import in_process_cluster
+    module = load_train_module("Distributed-Setup")
+    tf = module.tf
+    cluster, (server,) = in_process_cluster(num_ps=2)
+    on = lambda k: [v for v in tf.compat.v1.global_variables() if v.device.endswith("task:%d" % k)]
+    sgd, worker, session, lose_ps1 = chief_run(
+        module, cluster, server, "--log_dir", str(tmp_path), extra=lambda sgd: [
+            tf.raw_ops.DestroyResourceOp(resource=v.handle) for v in on(1)])
+    raw = session._tf_sess()
+    assert on(0) and on(1) and sgd.global_step in on(0)
+    for _ in range(30):
+        session.run(sgd.step)
+    worker.saver.save(raw, str(tmp_path / "model.ckpt"), global_step=30)
+    checkpointed = raw.run(on(1))
+    for _ in range(20):
+        session.run(sgd.step)
+    kept = raw.run(on(0))
+    for no_checkpoint in (False, True):
+        if no_checkpoint:
+            for name in os.listdir(tmp_path):
+                if name.startswith(("model.ckpt", "checkpoint")):
+                    os.remove(tmp_path / name)
+        raw.run(lose_ps1)
+        capsys.readouterr()
+        raw = worker.create_session()  # as MonitoredSession does after the lost step
+        out = capsys.readouterr().out
+        assert raw.run(sgd.global_step) == 50 and not worker.kept_variables
+        for a, b in zip(raw.run(on(0)), kept):
+            np.testing.assert_array_equal(a, b)  # ps0's as it kept them
+        ps1 = raw.run(on(1))
+        if no_checkpoint:
+            assert ("[worker0] ps1 lost its variables, and %s holds no checkpoint: they start "
+                    "again from their initial values" % tmp_path) in out, out
+        else:
+            assert "[worker0] resuming from the checkpoint at global step 50 on ps1" in out, out
+            for a, b in zip(ps1, checkpointed):
+                np.testing.assert_array_equal(a, b)
 
 
 def test_a_worker_killed_mid_run_does_not_hang_the_others(tmp_path):
@@ -160,7 +252,7 @@ def test_a_worker_killed_mid_run_does_not_hang_the_others(tmp_path):
     summary = run.summary()
     assert summary["global_step"] == "3000" and summary["lost_workers"] == "1"
     assert float(summary["test_accuracy"]) >= ACCURACY_BAR
-    assert "[worker0] worker(s) 1 failed or were lost" in run.output
+    assert "[worker0] 1 worker(s) failed, were lost or never started" in run.output
     assert "[ps0] the run is over; shutting down" in run.output
     assert "worker1 (exit 137)" in run.output
     assert_nothing_left(str(tmp_path))

@@ -176,15 +176,24 @@ def write_tiny_mnist(path, train, test, seed):
 
 
 def test_images_of_your_own_load_from_an_npz_shaped_like_mnist(tmp_path):
+    # integer pixels stay a byte each in memory, and the pipeline scales them by the largest
+    import tensorflow as tf
     train = load_train_module("Distributed-Setup")
     path = tmp_path / "mnist.npz"
     write_tiny_mnist(path, train=50, test=20, seed=0)
     data = train.load_dataset(str(path))
     assert data.x_train.shape == (50, 28, 28, 1) and data.x_test.shape == (20, 28, 28, 1)
-    assert data.x_train.dtype == np.float32 and data.y_train.dtype == np.int64
-    with np.load(path) as f:  # integer pixels scaled by the largest: 255 here
-        np.testing.assert_allclose(data.x_train[..., 0], f["x_train"] / f["x_train"].max(),
-                                   rtol=1e-6)
+    assert data.x_train.dtype == np.uint8 and data.y_train.dtype == np.int64
+    with np.load(path) as f:
+        assert data.x_scale == f["x_train"].max() == 255
+        expected = sorted(f["x_train"].reshape(50, -1).sum(axis=1) / 255)
+    with tf.Graph().as_default():
+        x, _ = train.training_batches(data, 50, 0, 1, seed=0)
+        with tf.compat.v1.Session() as session:
+            train.start_the_data(session, 0)
+            batch = session.run(x)
+    assert batch.dtype == np.float32 and batch.shape == (50, 28, 28, 1)
+    np.testing.assert_allclose(sorted(batch.reshape(50, -1).sum(axis=1)), expected, rtol=1e-5)
 
 
 def test_an_npz_of_your_own_trains_end_to_end(run_example, tmp_path):
@@ -232,13 +241,14 @@ def test_the_test_metrics_are_means_over_every_example_each_batch_weighed_by_its
     labels = np.arange(count) % 10
     guesses = np.where(right, labels, (labels + 1) % 10)
     x_test, y_test = np.eye(10, dtype=np.float32)[guesses], labels  # a guess: a one-hot row
+    data = train.Dataset(x_test[:1], y_test[:1], x_test, y_test, num_classes=10)
     with tf.Graph().as_default():
-        x = tf.compat.v1.placeholder(tf.float32, [None, 10])
-        y = tf.compat.v1.placeholder(tf.int64, [None])
-        metrics = {"accuracy": tf.reduce_mean(tf.cast(tf.equal(tf.argmax(x, 1), y), tf.float32)),
-                   "guess": tf.reduce_mean(tf.cast(tf.argmax(x, 1), tf.float32))}
+        def metrics(x, y):
+            return {"accuracy": tf.reduce_mean(tf.cast(tf.equal(tf.argmax(x, 1), y), tf.float32)),
+                    "guess": tf.reduce_mean(tf.cast(tf.argmax(x, 1), tf.float32))}
+        start, batch = train.test_metrics_of(metrics, data)
         with tf.compat.v1.Session() as session:
-            got = train.test_metrics_in_batches(session, metrics, x, y, (x_test, y_test))
+            got = train.mean_over_the_test_set(session, start, batch)
     assert got == {"accuracy": pytest.approx(right.mean(), abs=1e-6),
                    "guess": pytest.approx(guesses.mean(), abs=1e-5)}
     assert right.mean() == pytest.approx(0.4)
@@ -429,5 +439,27 @@ def test_a_worker_whose_step_never_returns_exits_after_the_watchdogs_time(tmp_pa
         for proc in tasks.procs.values():
             if proc.poll() is None:
                 proc.send_signal(signal.SIGCONT)
+        tasks.stop_all()
+    assert_nothing_left(str(tmp_path))
+
+
+def test_the_watchdog_leaves_alone_a_worker_that_waits_for_its_ps_to_come_back(tmp_path):
+    # --watchdog 3 s and a ps away for 8 s: the worker's new session waits for the ps (at most
+    # --connect_timeout), which is no stuck step; once the ps is back, it rejoins and ends
+    tasks = Tasks(EXAMPLE, tmp_path, 1, "--steps", "3000", "--log_every", "100",
+                  "--watchdog", "3", "--connect_timeout", "30")
+    try:
+        ps, chief = tasks.start("ps"), tasks.start("worker", 0)
+        tasks.wait_for_line("worker0", "local_step=100", timeout=120)
+        ps.kill()
+        ps.wait()
+        time.sleep(8)  # the ps's outage, not a wait for a result
+        assert chief.poll() is None, tasks.output("worker0")
+        ps = tasks.start("ps")
+        assert chief.wait(timeout=120) == 0, tasks.output("worker0")
+        assert ps.wait(timeout=30) == 0, tasks.output("ps0")
+        assert "lost a step to a restart" in tasks.output("worker0")
+        assert "--watchdog" not in tasks.output("worker0")
+    finally:
         tasks.stop_all()
     assert_nothing_left(str(tmp_path))

@@ -1,28 +1,27 @@
-"""Copy the shared text from its reference file into every train.py (a maintainer's tool; the
-tests only check that the copies are equal).
+"""Copy the shared blocks from their reference files into every train.py (a maintainer's tool;
+the tests only check that the copies are equal).
 
     python tools/sync_shared.py          # after editing a shared block in its reference file
 
-The reference of the appendix (from the plumbing banner to the end) is, by the jobs a train.py
-declares in JOBS: Distributed-Setup for ("ps", "worker"), ParameterServerStrategy for the other
-TensorFlow 2 examples' jobs, Non-Distributed-Setup for (); and In-Graph-Replication for the
-examples in ONE_CLIENT, whose one client drives every worker task (their JOBS, ("worker",), are
-MultiWorkerMirroredStrategy's, so the name decides). The reference of a shared block above
-the banner is the first file in REFERENCES that has it.
+A shared block is the text between `# >>> shared: NAME` and `# <<< shared: NAME`. Each
+train.py carries the blocks its own story calls, and only those: to give an example a block,
+add the two marker lines where it goes (below the banner for the plumbing) and run this tool,
+which fills it in. The reference of a block is the first file in REFERENCES that has it, else
+the first example that has it. The banner's last line names the blocks of its file, in order;
+this tool writes it.
 """
 import os
 import re
 import sys
+import textwrap
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "deploy"))
-import manifests  # noqa: E402  deploy/manifests.py: the one reader of a train.py's JOBS
 
 BANNER = "# " + "=" * 98 + "\n# Plumbing shared by every example"
 BLOCK = re.compile(r"^# >>> shared: (.+?)\n(.*?)^# <<< shared: \1$", re.S | re.M)
-REFERENCES = ["Distributed-Setup", "ParameterServerStrategy", "Non-Distributed-Setup", "DOWNPOUR",
-              "Sync-SGD"]
-
+LISTING = re.compile(r"(this file's, in order:\n)(?:# .*\n)*?(?=# >>> shared: )")
+REFERENCES = ["Distributed-Setup", "ParameterServerStrategy", "In-Graph-Replication",
+              "Non-Distributed-Setup", "DOWNPOUR", "Sync-SGD"]
 
 ONE_CLIENT = ("In-Graph-Replication", "Model-Parallel-Pipeline")  # worker 0 drives the others
 # The examples, by name: a folder copied inside the repository (a user's own job, its Data and
@@ -35,12 +34,26 @@ EXAMPLES = ("ADAG", "AEASGD", "DOWNPOUR", "DiLoCo", "Distributed-Setup", "DynSGD
 
 
 def family(jobs, example=""):
-    """The reference example whose appendix a train.py carries, by its JOBS (and its name)."""
+    """The family of a train.py, by its JOBS (and its name): the examples on a ps
+    (Distributed-Setup's), TensorFlow 2's strategies (ParameterServerStrategy's), one client
+    that drives every worker (In-Graph-Replication's) and the one process (Non-Distributed-Setup)."""
     if example in ONE_CLIENT:
         return "In-Graph-Replication"
     if jobs == ("ps", "worker"):
         return "Distributed-Setup"
     return "Non-Distributed-Setup" if jobs == () else "ParameterServerStrategy"
+
+
+def synced(text, blocks):
+    """text with every shared block's body replaced by its reference's, and the banner's list
+    of this file's blocks written anew."""
+    text = BLOCK.sub(lambda m: "# >>> shared: %s\n%s# <<< shared: %s" % (
+        m.group(1), blocks[m.group(1)], m.group(1)), text)
+    if BANNER not in text:
+        return text
+    names = [name for name, _ in BLOCK.findall(text[text.index(BANNER):])]
+    listing = textwrap.wrap(", ".join(names) + ".", 98)
+    return LISTING.sub(lambda m: m.group(1) + "".join("# %s\n" % l for l in listing), text, 1)
 
 
 def main():
@@ -51,15 +64,15 @@ def main():
     blocks = {}  # every shared block, above or below a banner: the first reference's text
     for e in REFERENCES + examples:
         for name, body in BLOCK.findall(texts[e]):
-            blocks.setdefault(name, body)
-    canonical = lambda text: BLOCK.sub(lambda m: "# >>> shared: %s\n%s# <<< shared: %s" % (
-        m.group(1), blocks[m.group(1)], m.group(1)), text)
+            if body.strip():  # (an empty block: one to fill in)
+                blocks.setdefault(name, body)
+    missing = {name for e in examples for name, _ in BLOCK.findall(texts[e])} - set(blocks)
+    if missing:
+        sys.exit("no file holds the text of the shared block(s) %s" % ", ".join(sorted(missing)))
     changed = []
     for e in examples:
-        text = texts[e]
-        reference = texts[family(manifests.declared_jobs(os.path.join(ROOT, e, "train.py")), e)]
-        new = canonical(text[:text.index(BANNER)] + reference[reference.index(BANNER):])
-        if new != text:
+        new = synced(texts[e], blocks)
+        if new != texts[e]:
             with open(os.path.join(ROOT, e, "train.py"), "w") as f:
                 f.write(new)
             changed.append(e)

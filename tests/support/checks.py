@@ -54,14 +54,14 @@ def assert_the_chief_evaluated_what_it_checkpointed(run, example):
 
 
 def assert_a_killed_worker_does_not_hang_the_others(example, tmp_path, min_global_step):
-    """SIGKILL worker1 mid-run: the chief trains on to the end and reports it lost by name, the
+    """SIGKILL worker1 mid-run: the chief trains on to the end and reports it lost, the
     ps ends by itself, run.sh exits 1 naming it, and nothing is left. Returns the chief's
     summary."""
     run = kill_mid_run(example, tmp_path, ["--steps", "3000"])
     assert run.code == 1, run.output[-3000:]
     summary = run.summary()
     assert summary["lost_workers"] == "1" and int(summary["global_step"]) >= min_global_step
-    assert "[worker0] worker(s) 1 failed or were lost" in run.output
+    assert "[worker0] 1 worker(s) failed, were lost or never started" in run.output
     assert "[run.sh] failed: worker1 (exit 137)" in run.output
     assert_nothing_left(str(tmp_path))
     return summary

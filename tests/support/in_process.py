@@ -8,17 +8,41 @@ from support.processes import free_ports
 
 
 # --- The cluster, an algorithm's ops and sessions on it -------------------------------------------
-def in_process_cluster(num_workers=1):
-    """One ps and num_workers worker servers (real gRPC servers) in this process, on free ports."""
+def in_process_cluster(num_workers=1, num_ps=1):
+    """num_ps ps and num_workers worker servers (real gRPC servers) in this process, on free
+    ports; returns the cluster and the workers' servers."""
     import tensorflow as tf
-    ps_port, *worker_ports = free_ports(1 + num_workers)
-    cluster = {"ps": ["localhost:%d" % ps_port],
-               "worker": ["localhost:%d" % port for port in worker_ports]}
+    ports = free_ports(num_ps + num_workers)
+    cluster = {"ps": ["localhost:%d" % port for port in ports[:num_ps]],
+               "worker": ["localhost:%d" % port for port in ports[num_ps:]]}
     spec = tf.compat.v1.train.ClusterSpec(cluster)
-    tf.compat.v1.train.Server(spec, job_name="ps", task_index=0, start=True)
+    for k in range(num_ps):
+        tf.compat.v1.train.Server(spec, job_name="ps", task_index=k, start=True)
     workers = [tf.compat.v1.train.Server(spec, job_name="worker", task_index=i, start=True)
                for i in range(num_workers)]
     return cluster, workers
+
+
+def tiny_records(folder, features=5, examples=4):
+    """A folder of TFRecord files as tools/npz_to_tfrecord.py writes them, a few zero examples in
+    each part: a test set that a session on an in-process cluster streams with no Python
+    function (after eager use, this process places a from_generator's PyFunc on a job it has
+    not got)."""
+    import json
+    import os
+    import tensorflow as tf
+    os.makedirs(folder, exist_ok=True)
+    example = tf.train.Example(features=tf.train.Features(feature={
+        "x": tf.train.Feature(bytes_list=tf.train.BytesList(value=[bytes(4 * features)])),
+        "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[0]))})).SerializeToString()
+    for part in ("train", "test"):
+        with tf.io.TFRecordWriter(os.path.join(folder, part + "-00000-of-00001.tfrecord")) as w:
+            for _ in range(examples):
+                w.write(example)
+    with open(os.path.join(folder, "meta.json"), "w") as f:
+        json.dump(dict(x_shape=[features], x_dtype="float32", x_scale=1.0, num_classes=10,
+                       train_examples=examples, test_examples=examples), f)
+    return folder
 
 
 def flags(module, *argv):

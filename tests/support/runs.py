@@ -16,6 +16,23 @@ from support.examples import USERS_ENVIRONMENT, environment_without_tf_config, e
 from support.processes import assert_nothing_left, free_ports, interruptible
 
 
+def scalars(log_dir):
+    """The TensorBoard scalars the chief wrote into log_dir (its own folder and those below it):
+    {tag: [(wall_time, step, value), ...]} in the order written. tf.compat.v1 summaries hold a
+    simple_value, TensorFlow 2's a scalar tensor."""
+    import glob
+    import tensorflow as tf
+    found = {}
+    for path in sorted(glob.glob(os.path.join(log_dir, "**", "events.out.tfevents*"),
+                                 recursive=True)):
+        for event in tf.compat.v1.train.summary_iterator(path):
+            for value in event.summary.value:
+                number = (value.simple_value if value.HasField("simple_value") else
+                          float(tf.make_ndarray(value.tensor)))
+                found.setdefault(value.tag, []).append((event.wall_time, event.step, number))
+    return found
+
+
 def summary_of(output, role=None):
     """The last summary line of the output (of one role, [worker0] or [cluster], if given) as a
     dict of strings."""
@@ -94,8 +111,7 @@ def run_example(example, folder, *args, env=None, timeout=180, log_dir=None):
 
 class DefaultRuns(object):
     """Each example's run.sh with its defaults, run the first time a test asks for it and kept
-    for every later test of the session: runs[example]. The run also writes --metrics_file
-    (run.metrics_file). runs.short(example) is a short run of the same kind, for the quick tier:
+    for every later test of the session: runs[example]. runs.short(example) is a short run of the same kind, for the quick tier:
     its first SHORT_STEPS mini-batches, kept apart from the whole run. Both run in the
     environment a user has (USERS_ENVIRONMENT: TensorFlow loads Keras, as it does for users).
 
@@ -127,15 +143,14 @@ class DefaultRuns(object):
                 if not saved.exists():
                     shutil.rmtree(str(folder), ignore_errors=True)  # a failed try's, if any
                     folder.mkdir()
-                    metrics_file = str(folder / "metrics.json")
-                    run = run_example(example, folder, "--metrics_file", metrics_file, *args,
-                                      env=USERS_ENVIRONMENT, timeout=240)
+                    run = run_example(example, folder, *args, env=USERS_ENVIRONMENT,
+                                      timeout=240)
                     saved.write_text(json.dumps(dict(
                         code=run.code, lines=run.lines, seconds=run.seconds,
-                        log_dir=run.log_dir, metrics_file=metrics_file)))
+                        log_dir=run.log_dir)))
                 fields = json.loads(saved.read_text())
             run = Run(fields["code"], [tuple(l) for l in fields["lines"]], fields["seconds"])
-            run.log_dir, run.metrics_file = fields["log_dir"], fields["metrics_file"]
+            run.log_dir = fields["log_dir"]
             self.runs[example, kind] = run
         return self.runs[example, kind]
 
