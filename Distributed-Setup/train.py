@@ -38,7 +38,6 @@ References
 import argparse
 import collections
 import contextlib
-import glob
 import json
 import os
 import socket
@@ -59,9 +58,8 @@ def example_flags(parser):
                              "the gradient (try --learning_rate 0.001) (default: sgd)")
     parser.add_argument("--weight_decay", type=non_negative_float, default=0.01,
                         help="AdamW's (default: 0.01)")
-    parser.add_argument("--shard_variables", action="store_true",
-                        help="cut every variable into a slice per ps task (sharded_over_the_ps), "
-                             "so that each ps carries an equal share: for NUM_PS > 1")
+    parser.add_argument("--shard_variables", action="store_true", help="cut every variable into a "
+                        "slice per ps task (sharded_over_the_ps): for NUM_PS > 1")
 
 
 # --- Data (replace with your own) -----------------------------------------------------------------
@@ -73,10 +71,9 @@ Dataset = collections.namedtuple("Dataset", "x_train y_train x_test y_test num_c
 def load_dataset(data_path=""):
     """By default scikit-learn's 1797 handwritten 8x8 digits (offline; a fixed fifth to test),
     rows of 64 pixels in [0, 1], labels 0-9; or data_path's, checked below the banner."""
-    if data_path.endswith(".npz"):  # arrays (read_npz)
-        return Dataset(*read_npz(data_path))
-    if data_path:  # a folder of TFRecord files (read_records)
-        return read_records(data_path)
+    if data_path:  # an .npz (read_npz), or a folder of TFRecord files (read_records)
+        return Dataset(*read_npz(data_path)) if data_path.endswith(".npz") else read_records(
+            data_path)
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
     x, y = load_digits(return_X_y=True)
@@ -195,8 +192,8 @@ def main(argv=None):
     # tasks' servers hold the variables, the workers' run the steps (one thread: on one machine
     # the tasks share its cores)
     with errors_in_one_line(args):  # a port in use, a lost peer, a timeout: one line that says so
-        server = tf.distribute.Server(tf.train.ClusterSpec(cluster), args.job_name,
-                                      args.task_index, config=tf.compat.v1.ConfigProto(
+        server = tf.distribute.Server(tf.train.ClusterSpec(cluster), args.job_name, args.task_index,
+                                      config=tf.compat.v1.ConfigProto(
                                           intra_op_parallelism_threads=1))
         if args.job_name == "ps":
             return serve(args, cluster, server)  # a ps only serves, until the chief ends the run
@@ -209,7 +206,8 @@ def main(argv=None):
 # train() hands it what it built (the step's tensors, the test metrics, the data): nothing here
 # knows the model or the algorithm. Each block is the same text in every train.py that uses it (a
 # test compares them); this file's, in order:
-# flags, ps cluster, tasks, npz, records, graph data, summary, sharded variables, ps session.
+# flags, ps cluster, tasks, npz, records, graph arrays, graph stream, graph test set, summary,
+# sharded variables, ps session.
 # >>> shared: flags
 def fail(message):
     """One line on stderr and exit status 2: for bad input and lost peers, never for bugs."""
@@ -249,7 +247,8 @@ def parse_flags(argv, example_flags):
          "TFRecord files (tools/npz_to_tfrecord.py) (default: the digits)"),
         ("log_dir", str, "", "checkpoints and summaries; one that has them resumes"),
         ("seed", non_negative_int, 0, "seed of the initial weights and the shuffling"),
-        ("log_every", positive_int, 100, "progress (the chief's: test metrics) every N local steps"),
+        ("log_every", positive_int, 100, "a progress line (the chief's: with the test metrics) "
+         "every N local steps"),
     ]
     cluster = [
         ("job_name", str, "", "ps or worker (or set TF_CONFIG)"),
@@ -403,22 +402,28 @@ def read_npz(path):
 
 
 # >>> shared: records
-Records = collections.namedtuple("Records", "train_files test_files shape dtype x_scale "
-                                 "num_classes")
+class Records(collections.namedtuple("Records", "train_files test_files shape dtype x_scale "
+                                           "num_classes")):
+    """--data_path's TFRecord files (read_records), and their test set as it streams."""
+
+    def test_batches(self, size):
+        return tf.data.TFRecordDataset(self.test_files).batch(size).map(parse_records(self))
 
 
 def read_records(folder):
     """--data_path's folder as tools/npz_to_tfrecord.py writes it: train-*.tfrecord and
     test-*.tfrecord (tf.train.Examples of x, the array's bytes, and y) and meta.json."""
-    train, test = (sorted(glob.glob(os.path.join(folder, part + "-*.tfrecord")))
-                   for part in ("train", "test"))
     try:
+        names = sorted(os.listdir(folder))
+        train, test = ([os.path.join(folder, name) for name in names if name.startswith(
+            part + "-") and name.endswith(".tfrecord")] for part in ("train", "test"))
+        if not train or not test:
+            raise ValueError("no %s-*.tfrecord files" % ("test" if train else "train"))
         with open(os.path.join(folder, "meta.json")) as f:
             meta = json.load(f)
-        assert train and test, "no %s files" % ("train-*.tfrecord" if test else "test-*.tfrecord")
         return Records(train, test, tuple(meta["x_shape"]), np.dtype(meta["x_dtype"]),
                        float(meta["x_scale"]), meta["num_classes"])
-    except (OSError, ValueError, KeyError, TypeError, AssertionError) as e:
+    except (OSError, ValueError, KeyError, TypeError) as e:
         fail("%s is no folder of TFRecord files (%s): write one with python "
              "tools/npz_to_tfrecord.py DATA.npz FOLDER" % (folder, e))
 
@@ -431,6 +436,9 @@ def records_dataset(data, batch_size, worker_index, num_workers, seed):
         fail("%d training file(s) for %d workers: each worker reads files of its own; write at "
              "least %d (npz_to_tfrecord.py --shards)" % (len(data.train_files), num_workers,
                                                          num_workers))
+    if isinstance(worker_index, int):  # (a tensor under ParameterServerStrategy)
+        print("[worker%d] reading training files: %s" % (worker_index, ",".join(os.path.basename(
+            f) for f in data.train_files[worker_index::num_workers])), flush=True)
     files = tf.data.Dataset.from_tensor_slices(data.train_files).shard(num_workers, worker_index)
     records = files.shuffle(len(data.train_files), seed=seed).interleave(
         tf.data.TFRecordDataset, cycle_length=4, num_parallel_calls=tf.data.AUTOTUNE)
@@ -450,7 +458,7 @@ def parse_records(data):
 # <<< shared: records
 
 
-# >>> shared: graph data
+# >>> shared: graph arrays
 def arrays_dataset(x, y, worker_index, num_workers, seed, scale=1.0):
     """This worker's shard of the arrays (x, y), example by example, in a new order every epoch,
     integer pixels divided by scale. No constant of the graph (its GraphDef would hold the
@@ -458,19 +466,13 @@ def arrays_dataset(x, y, worker_index, num_workers, seed, scale=1.0):
     examples = arrays_in_batches(x[worker_index::num_workers], y[worker_index::num_workers],
                                  len(x)).unbatch()
     examples = examples.shuffle(len(x) // num_workers + 1, seed=seed)  # the shards differ
-    if x.dtype == np.float32:
+    if x.dtype.kind not in "biu":  # floats as they are; integer pixels scaled
         return examples
     return examples.map(lambda xs, ys: (tf.cast(xs, tf.float32) / scale, ys))
+# <<< shared: graph arrays
 
 
-def arrays_in_batches(x, y, size):
-    """The arrays (x, y), size examples at a time, handed over by Python as the stream starts."""
-    return tf.data.Dataset.from_generator(
-        lambda: ((x[i:i + size], y[i:i + size]) for i in range(0, len(x), size)),
-        output_signature=(tf.TensorSpec((None,) + x.shape[1:], x.dtype),
-                          tf.TensorSpec((None,) + y.shape[1:], y.dtype)))
-
-
+# >>> shared: graph stream
 def session_stream(dataset, seed, worker_index):
     """The next element of dataset(session_seed), as tensors of the graph. Every session starts
     the stream anew (start_the_data), its seed drawn from seed, this worker and the global step
@@ -487,18 +489,29 @@ def start_the_data(session, global_step):
     """Start every training stream of the graph (session_stream), in a new session."""
     for initializer, start_step in tf.compat.v1.get_collection("data_starts"):
         session.run(initializer, {start_step: global_step})
+# <<< shared: graph stream
+
+
+# >>> shared: graph test set
+def arrays_in_batches(x, y, size):
+    """The arrays (x, y), size examples at a time, handed over by Python as the stream starts."""
+    return tf.data.Dataset.from_generator(
+        lambda: ((x[i:i + size], y[i:i + size]) for i in range(0, len(x), size)),
+        output_signature=(tf.TensorSpec((None,) + x.shape[1:], x.dtype),
+                          tf.TensorSpec((None,) + y.shape[1:], y.dtype)))
 
 
 def test_metrics_of(test_metrics, data):
     """The test set's stream and test_metrics(x, y) of its batches: a start op, and each batch's
     (size, metrics). From the TFRecord files or the arrays, 1000 examples a batch, x in float32
     scaled as in training: it may be larger than memory, and is no constant of the graph."""
-    if isinstance(data, Records):
-        batches = tf.data.TFRecordDataset(data.test_files).batch(1000).map(parse_records(data))
+    if hasattr(data, "test_batches"):  # Records
+        batches = data.test_batches(1000)
     else:
-        scale = getattr(data, "x_scale", 1.0)
-        batches = arrays_in_batches(data.x_test, data.y_test, 1000).map(
-            lambda x, y: (tf.cast(x, tf.float32) / scale, y))
+        batches, scale = arrays_in_batches(data.x_test, data.y_test, 1000), getattr(
+            data, "x_scale", None)  # (a Dataset's: integer pixels, scaled as in training)
+        if scale and data.x_test.dtype.kind in "biu":
+            batches = batches.map(lambda x, y: (tf.cast(x, tf.float32) / scale, y))
     iterator = tf.compat.v1.data.make_initializable_iterator(batches)
     x, y = iterator.get_next()
     return iterator.initializer, (tf.shape(x)[0], test_metrics(x, y))
@@ -515,7 +528,7 @@ def mean_over_the_test_set(session, start, batch):
             return {name: float(totals[name] / examples) for name in metrics}
         totals.update({name: value * size for name, value in metrics.items()})
         examples += size
-# <<< shared: graph data
+# <<< shared: graph test set
 
 
 # >>> shared: summary
@@ -601,7 +614,7 @@ class Worker(Hook):
         self.run_over = [run_over_flag(k) for k in range(len(cluster["ps"]))]
         self.end_run = tf.group([flag.assign(True) for flag in self.run_over])
         self.local_steps, self.sessions, self.status_seen, self.start_step = 0, 0, None, None
-        self.watching = self.ps_lost = False  # the watchdog's (watch)
+        self.watching = self.ps_lost = self.kept_variables = False
 
     def session(self, server, loss, update, last_step=None, hooks=(), minibatches_per_update=1,
                 **summary):
@@ -697,7 +710,8 @@ class Worker(Hook):
                   % session.run(self.global_step), flush=True)
 
     def after_create_session(self, session, coord):
-        """The clock starts with the first session that came up; one that finds the run over stops."""
+        """The clock starts with the first session that came up; one that finds the run over
+        stops."""
         if self.start_step is None:
             self.start_step = self.timed_from = self.step
             self.clock = time.time()
@@ -716,7 +730,8 @@ class Worker(Hook):
         fetches = run_context.original_args.fetches
         self.updating = fetches is self.update or any(
             fetch is self.update for fetch in tf.nest.flatten(fetches))
-        return tf.compat.v1.train.SessionRunArgs((self.update, self.loss)) if self.updating else None
+        if self.updating:
+            return tf.compat.v1.train.SessionRunArgs((self.update, self.loss))
 
     def after_run(self, run_context, run_values):
         """Count the update; stop at last_step as it returns (StopAtStepHook's own read of the
@@ -729,7 +744,8 @@ class Worker(Hook):
         if self.last_step and self.step >= self.last_step:
             run_context.request_stop()
         if before == 0:  # the clock starts as the first update returns
-            self.clock, self.timed_from, self.progress = time.time(), self.step, (before, self.clock)
+            self.clock, self.timed_from = time.time(), self.step
+            self.progress = (before, self.clock)
         if before // self.args.log_every == self.local_steps // self.args.log_every:
             return
         rate = (self.local_steps - self.progress[0]) / (time.time() - self.progress[1])

@@ -69,10 +69,9 @@ Dataset = collections.namedtuple("Dataset", "x_train y_train x_test y_test num_c
 def load_dataset(data_path=""):
     """By default scikit-learn's 1797 handwritten 8x8 digits (offline; a fixed fifth to test),
     rows of 64 pixels in [0, 1], labels 0-9; or data_path's, checked below the banner."""
-    if data_path.endswith(".npz"):  # arrays (read_npz)
-        return Dataset(*read_npz(data_path))
-    if data_path:  # a folder of TFRecord files (read_records)
-        return read_records(data_path)
+    if data_path:  # an .npz (read_npz), or a folder of TFRecord files (read_records)
+        return Dataset(*read_npz(data_path)) if data_path.endswith(".npz") else read_records(
+            data_path)
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
     x, y = load_digits(return_X_y=True)
@@ -188,11 +187,9 @@ def train(args, cluster, server, data):
     worker = Worker(args, cluster, lambda x, y: model_metrics(easgd.centre, x, y),
                     data, steps_per_update=args.window)
     sync_replicas = SyncReplicasStart(easgd.optimizer, len(cluster["worker"]), worker.is_chief)
-    # the optimizer's start-up in every new session; at the end one more token each, from the
-    # chief: no worker waits forever
-    release = (lambda session: session.run(easgd.release_workers)) if worker.is_chief else None
-    start_up = ExampleHook(lambda session: sync_replicas(session, worker.kept_variables),
-                           at_the_end=release)
+    # the optimizer's start-up in every new session, once every worker has started; at the end
+    # one more token each, from the chief: no worker waits forever
+    start_up = sync_replicas_hook(sync_replicas, worker, easgd.release_workers)
     last_loss = tf.compat.v1.placeholder(tf.float32, [], name="last_loss")  # a window's
 
     def window(step_context):  # on this worker alone: no network traffic, no hooks
@@ -200,7 +197,6 @@ def train(args, cluster, server, data):
             loss = step_context.session.run(easgd.local_step)
         return loss
     with worker.session(server, last_loss, easgd.exchange, hooks=[start_up],
-                        wait_for_everyone=True,  # every round needs every worker
                         last_step=math.ceil(args.steps / (n * args.window)),  # the rounds
                         minibatches_per_update=n * args.window, window=args.window,
                         alpha=args.alpha, beta=args.alpha * n, replicas_to_aggregate=n,
@@ -259,6 +255,18 @@ def sync_round(session, fetches, args, name, feed_dict=None):
         no_round_in_time(args, name)
 
 
+def wait_for_everyone(session, worker):
+    """Every round needs every worker: a new session waits until each has started (the run's
+    status, Worker's), at most --connect_timeout."""
+    absent = lambda: [k for k, status in enumerate(session.run(worker.status))
+                      if status == worker.NOT_STARTED]
+    if not wait_for(lambda: not absent(), worker.args.connect_timeout, waiting=lambda: (
+            "[%s] waiting for worker(s) %s to start" % (worker.role, ",".join(
+                map(str, absent()))))):
+        fail("%s: worker(s) %s did not start within %g s, and every round needs every worker"
+             % (worker.role, ",".join(map(str, absent())), worker.args.connect_timeout))
+
+
 def no_round_in_time(args, name):
     """The run ends in one line: no step or round (name) completed within --step_timeout."""
     fail("worker%d: no %s completed within %g s: a worker is missing"
@@ -270,10 +278,10 @@ def no_round_in_time(args, name):
 class SyncReplicasStart(object):
     """Sets a new session up for a SyncReplicasOptimizer, as its session hook would: this
     worker's local step and, on the chief, the thread that applies each aggregated step and
-    hands out its tokens. Made with the graph (before the session creator finalises it); an ExampleHook
-    calls it on every new session, again after a restart. No tokens at the start (the hook's
-    num_tokens=0), so the chief cannot race ahead alone while the others start; unlike the
-    hook's queue runner, the thread never closes the token queue (after a ps restart that close
+    hands out its tokens. Made with the graph (before the session creator finalises it);
+    sync_replicas_hook calls it in every new session, again after a restart. No tokens at the
+    start (the hook's num_tokens=0), so the chief cannot race ahead alone while the others
+    start; unlike the hook's queue runner, the thread never closes the token queue (after a ps restart that close
     would reach the new ps's queue by its name and end every worker's run).
 
     A chief that restarts while the ps keeps the variables drops the round its predecessor may
@@ -306,7 +314,7 @@ class SyncReplicasStart(object):
     def __call__(self, session, kept_variables):
         """kept_variables: the chief found the variables on the ps (Worker.kept_variables)."""
         optimizer = self.optimizer
-        # the hook's check that the variables are ready, made already by StartOrRejoin:
+        # the hook's check that the variables are ready, made already by Worker.session:
         # marked used, or TensorFlow logs an error that it never was when the process ends
         optimizer.ready_for_local_init_op.mark_used()
         if self.is_chief and kept_variables:
@@ -374,6 +382,19 @@ class SyncReplicasStart(object):
             return False
 
 
+def sync_replicas_hook(sync_replicas, worker, release_workers):
+    """The hook that sets every new session up with sync_replicas (a SyncReplicasStart), once
+    every worker has started; at the end the chief runs release_workers, one more token for
+    every worker, so that none waits forever for a round."""
+    def start(session, coord):
+        wait_for_everyone(session, worker)
+        sync_replicas(session, worker.kept_variables)
+    hook = Hook(after_create_session=start)
+    if worker.is_chief:
+        hook.end = lambda session: session.run(release_workers)
+    return hook
+
+
 def run_until_it_fails(session, op):
     """Run op again and again, until its session is closed or loses a task to a restart (a new
     session starts a thread of its own). Any other error is said in one line: the workers then
@@ -393,38 +414,11 @@ def run_until_it_fails(session, op):
 # ==================================================================================================
 # Plumbing shared by every example (what a job needs besides its algorithm)
 # ==================================================================================================
-# train() hands this part what it built: the step's tensors, the test metrics and the test set;
-# nothing here knows the data, the model or the algorithm. The session is TensorFlow's
-# MonitoredSession: a session creator on SessionManager, TensorFlow's hooks (StopAtStepHook,
-# CheckpointSaverHook: the chief saves every 30 s and at the end) and hooks of this file's for
-# what TensorFlow lacks. In this order; the same text in every train.py that runs on a ps (a
-# test keeps the copies equal):
-#   1. flags, each number of its type, and the cluster from them  parse_flags, number_type,
-#      or from TF_CONFIG; --data_path's file, checked             resolve_cluster, check_cluster,
-#                                                                  read_npz, Pixels, as_float32,
-#                                                                  port_taken
-#   2. each variable cut into a slice per ps, if asked            sharded_over_the_ps
-#   3. a failure ends the task in one line                        errors_in_one_line, fail, cause
-#   4. the session: a worker waits for the ps, then for the       Worker, reach_the_ps, wait_for,
-#      chief, who restores the latest checkpoint or initialises   is_listening, StartOrRejoin,
-#      where the ps lacks the variables; after a step lost to a   Hook, ExampleHook
-#      restarted task, a new session, set up again
-#   5. progress lines; the chief's test metrics over the test
-#      set, in batches, to TensorBoard too                         Progress, test_metrics_in_batches,
-#                                                                  tensorboard_summary
-#   6. the end: the chief waits for the others, names any it
-#      lost, prints the summary line and ends the run; a ps
-#      serves until then (a TensorFlow server never ends itself)  RunStatus, print_summary, serve,
-#                                                                  run_over_flag
-#   7. a worker whose steps stop (--watchdog) exits, for its
-#      restart policy to start it again                           Watchdog
-#   8. the data's way in: TFRecord files, each worker reading      read_records, check_shards,
-#      its own; arrays that are no constant of the graph; the     count_records, records_dataset,
-#      test set in batches; each session's order of the           parse_records, arrays_dataset,
-#      training stream; a Keras model's weights as the            example_shape, test_batches,
-#      parameters                                                 record_batches, session_stream,
-#                                                                  start_the_data, keras_params,
-#                                                                  keras_logits
+# train() hands it what it built (the step's tensors, the test metrics, the data): nothing here
+# knows the model or the algorithm. Each block is the same text in every train.py that uses it (a
+# test compares them); this file's, in order:
+# flags, ps cluster, tasks, npz, records, graph arrays, graph stream, graph test set, summary, ps
+# session.
 # >>> shared: flags
 def fail(message):
     """One line on stderr and exit status 2: for bad input and lost peers, never for bugs."""
@@ -464,7 +458,8 @@ def parse_flags(argv, example_flags):
          "TFRecord files (tools/npz_to_tfrecord.py) (default: the digits)"),
         ("log_dir", str, "", "checkpoints and summaries; one that has them resumes"),
         ("seed", non_negative_int, 0, "seed of the initial weights and the shuffling"),
-        ("log_every", positive_int, 100, "progress (the chief's: test metrics) every N local steps"),
+        ("log_every", positive_int, 100, "a progress line (the chief's: with the test metrics) "
+         "every N local steps"),
     ]
     cluster = [
         ("job_name", str, "", "ps or worker (or set TF_CONFIG)"),
@@ -487,276 +482,53 @@ def parse_flags(argv, example_flags):
 # <<< shared: flags
 
 
-# >>> shared: data files
-Records = collections.namedtuple("Records", "train_files test_files shape dtype scale num_classes")
-
-
-def read_records(path):
-    """--data_path's TFRecord files, checked before TensorFlow loads: a folder, or a glob of its
-    training files, as tools/npz_to_tfrecord.py writes them: train-*.tfrecord and
-    test-*.tfrecord, each record a tf.train.Example with the features x (the example's array,
-    its raw bytes) and y (its label: int64 for classes, float for a regression), and meta.json
-    (x_shape, x_dtype, x_scale: x is divided by it; num_classes: null for a regression;
-    train_examples and test_examples). The files of each part are all N of one write
-    (PART-K-of-N), holding the examples meta.json counts: never a glob's test files, nor an
-    older write's files left in the folder, trained on."""
-    if os.path.isdir(path):
-        folder, train_files = path, sorted(glob.glob(os.path.join(path, "train-*.tfrecord")))
+# >>> shared: ps cluster
+def resolve_cluster(args):
+    """The cluster from the flags, or else from TF_CONFIG as operators write it: a "chief" or
+    "master" becomes worker 0, an "evaluator" has nothing to do. Sets job_name, task_index,
+    address (this task's), and connect_timeout if not given: 60 s, or 600 s under TF_CONFIG."""
+    job, index = args.job_name, args.task_index
+    from_flags = job or args.ps_hosts or args.worker_hosts or "TF_CONFIG" not in os.environ
+    if args.connect_timeout is None:
+        args.connect_timeout = 60.0 if from_flags else 600.0
+    if from_flags:
+        if not args.ps_hosts or not args.worker_hosts:
+            fail("give --ps_hosts and --worker_hosts (or set TF_CONFIG)")
+        cluster = {"ps": args.ps_hosts.replace(" ", "").split(","),
+                   "worker": args.worker_hosts.replace(" ", "").split(",")}
     else:
-        train_files = sorted(glob.glob(path))
-        folder = os.path.dirname(train_files[0]) if train_files else os.path.dirname(path)
-    tested = [f for f in train_files if os.path.basename(f).startswith("test-")]
-    if tested:  # a glob as broad as DIR/*.tfrecord
-        fail("%s takes test files (%s) as training files: give the folder, or a glob of its "
-             "train-*.tfrecord" % (path, os.path.basename(tested[0])))
-    if not train_files:
-        fail("%s: no training files (train-*.tfrecord): give an .npz, or a folder of TFRecord "
-             "files that tools/npz_to_tfrecord.py wrote" % path)
-    test_files = sorted(glob.glob(os.path.join(folder, "test-*.tfrecord")))
-    if not test_files:
-        fail("%s: no test files (test-*.tfrecord) beside the training files" % folder)
-    check_shards(folder, train_files, "train")  # one write's, whole: not two writes' mixed
-    check_shards(folder, test_files, "test")
+        try:
+            config = json.loads(os.environ["TF_CONFIG"])
+            spec, job = config["cluster"], config["task"]["type"]
+            index = int(config["task"].get("index") or 0)
+            chief = list(spec.get("chief", [])) + list(spec.get("master", []))
+            cluster = {"ps": list(spec["ps"]), "worker": chief + list(spec.get("worker", []))}
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            fail("TF_CONFIG is not valid cluster JSON (%s: %s)" % (type(e).__name__, e))
+        if job in ("chief", "master"):
+            job, index = "worker", 0
+        elif job == "worker":
+            index += len(chief)  # the workers come after the chief
+        elif job == "evaluator":
+            print("[evaluator] nothing to do: the chief evaluates", flush=True)
+            sys.exit(0)
+    check_cluster(cluster, job, index)
+    args.job_name, args.task_index, args.address = job, index, cluster[job][index]
+    return cluster
+
+
+@contextlib.contextmanager
+def errors_in_one_line(args):
+    """A TensorFlow error that ends this task (its port taken, a peer lost) as one line."""
     try:
-        with open(os.path.join(folder, "meta.json")) as f:
-            meta = json.load(f)
-        shape, dtype = tuple(int(n) for n in meta["x_shape"]), np.dtype(meta["x_dtype"])
-        scale, num_classes = float(meta["x_scale"]), meta["num_classes"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        fail("%s: no readable meta.json (%s: %s) beside the TFRecord files: write them with "
-             "python tools/npz_to_tfrecord.py DATA.npz FOLDER" % (folder, type(e).__name__, e))
-    counts = {part: sum(count_records(name) for name in files)
-              for part, files in (("train", train_files), ("test", test_files))}
-    for part in ("train", "test"):
-        if meta.get(part + "_examples", counts[part]) != counts[part]:
-            fail("%s: its %s files hold %d examples, meta.json says %d: files of another "
-                 "write? Write the folder again, into an empty one (tools/npz_to_tfrecord.py)"
-                 % (folder, part, counts[part], meta[part + "_examples"]))
-    return Records(train_files, test_files, shape, dtype, scale, num_classes)
-
-
-def check_shards(folder, files, part):
-    """files are one write's PART-K-of-N.tfrecord, all N of them: not two writes' mixed."""
-    totals = sorted({os.path.basename(f).rsplit("-of-", 1)[-1].split(".")[0] for f in files})
-    if len(totals) != 1 or not totals[0].isdigit() or int(totals[0]) != len(files):
-        fail("%s: its %s files are not the %s of one write (%d file(s), %s): write the folder "
-             "again, into an empty one (tools/npz_to_tfrecord.py)" % (
-                 folder, part, "N files -of-N" if len(totals) == 1 else "same -of-N",
-                 len(files), " and ".join("-of-" + t for t in totals)))
-
-
-def count_records(name):
-    """The records in a TFRecord file, read from their headers alone (each: its length, 8
-    bytes, and its checksum, 4; then the data and its checksum). Not one: a one-line error."""
-    size, records, offset = os.path.getsize(name), 0, 0
-    with open(name, "rb") as f:
-        while offset < size:
-            header = f.read(12)
-            length = int.from_bytes(header[:8], "little") if len(header) == 12 else -1
-            if not 0 < length <= size - offset - 16:
-                fail("%s is not a TFRecord file (tools/npz_to_tfrecord.py writes them)" % name)
-            offset += 16 + length
-            f.seek(offset)
-            records += 1
-    return records
-
-
-def records_dataset(data, batch_size, worker_index, num_workers, seed):
-    """This worker's endless stream of mini-batches from its own TFRecord files (file k goes to
-    worker k mod N): no worker reads, or holds, the whole set. Every epoch, its files in a new
-    order, read a few at a time, interleaved; records shuffled in a buffer of 10,000, batched,
-    then parsed and scaled a batch at a time, in parallel, ahead of the training step."""
-    if len(data.train_files) < num_workers:
-        fail("%d training file(s) for %d workers: each worker reads files of its own; write at "
-             "least %d (tools/npz_to_tfrecord.py --shards N)"
-             % (len(data.train_files), num_workers, num_workers))
-    if isinstance(worker_index, int):
-        mine = data.train_files[worker_index::num_workers]
-        uneven = len(data.train_files) % num_workers
-        print("[worker%d] reading %d of %d training files: %s%s" % (
-            worker_index, len(mine), len(data.train_files), ",".join(
-                os.path.basename(f) for f in mine), "" if not uneven else (
-                " (uneven: %d files over %d workers, so the examples of a worker with fewer "
-                "files come more often; write a multiple of %d shards)" % (
-                    len(data.train_files), num_workers, num_workers))), flush=True)
-    files = tf.data.Dataset.from_tensor_slices(data.train_files).shard(num_workers, worker_index)
-    records = files.shuffle(len(data.train_files), seed=seed).interleave(
-        tf.data.TFRecordDataset, cycle_length=4, num_parallel_calls=tf.data.AUTOTUNE)
-    records = records.shuffle(10000, seed=seed).repeat().batch(batch_size, drop_remainder=True)
-    return records.map(parse_records(data), tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
-
-
-def parse_records(data):
-    """The parser of a batch of the files' records (tf.train.Examples): x in float32, scaled
-    to [0, 1], and y. Training and the chief's test set read the files through this one."""
-    def parse(serialized):
-        features = tf.io.parse_example(serialized, {
-            "x": tf.io.FixedLenFeature([], tf.string),
-            "y": tf.io.FixedLenFeature([], tf.int64 if data.num_classes else tf.float32)})
-        x = tf.reshape(tf.io.decode_raw(features["x"], data.dtype), (-1,) + data.shape)
-        return tf.cast(x, tf.float32) / data.scale, features["y"]
-    return parse
-
-
-ARRAYS_IN_A_GRAPH_MB = 256  # ParameterServerStrategy's traced dataset function: larger arrays
-# are refused (each worker would hold the graph's copy, and a GraphDef holds 2 GB at most)
-
-
-def arrays_dataset(x, y, worker_index, num_workers, seed):
-    """This worker's shard of the arrays (x, y), example by example, in a new order every epoch,
-    integer pixels (Pixels) a byte each until they leave the shuffle. Never a constant of a
-    tf.compat.v1 graph (its GraphDef would hold the arrays: 2 GB at most, and copies in memory):
-    the graph asks Python for the shard when the pipeline starts. In TensorFlow 2 the arrays
-    themselves; ParameterServerStrategy traces its dataset function, which makes them a constant
-    of a graph that every worker holds, so arrays over ARRAYS_IN_A_GRAPH_MB are refused there."""
-    pixels, scale = (x.pixels, x.scale) if isinstance(x, Pixels) else (np.asarray(x), None)
-    if tf.compat.v1.executing_eagerly_outside_functions():
-        size = (pixels.nbytes + np.asarray(y).nbytes) / 2**20
-        if not tf.executing_eagerly() and size > ARRAYS_IN_A_GRAPH_MB:  # traced: a constant
-            fail("%.0f MB of training arrays would be a constant of the traced dataset function, "
-                 "on every worker (at most %d MB): write them as TFRecord files (python "
-                 "tools/npz_to_tfrecord.py DATA.npz FOLDER) and give --data_path FOLDER"
-                 % (size, ARRAYS_IN_A_GRAPH_MB))
-        examples = tf.data.Dataset.from_tensor_slices((pixels, y)).shard(num_workers,
-                                                                         worker_index)
-    else:
-        shard = lambda: (pixels[worker_index::num_workers], y[worker_index::num_workers])
-        arrays = tf.data.Dataset.range(1).map(lambda _: tuple(tf.compat.v1.py_func(
-            shard, [], [tf.as_dtype(pixels.dtype), tf.as_dtype(y.dtype)], stateful=False)))
-        examples = arrays.map(lambda xs, ys: (tf.ensure_shape(xs, (None,) + x.shape[1:]),
-                                              tf.ensure_shape(ys, (None,) + y.shape[1:]))).unbatch()
-    examples = examples.shuffle(len(x) // num_workers + 1, seed=seed)  # the shards differ
-    if scale is None:
-        return examples
-    return examples.map(lambda xs, ys: (tf.cast(xs, tf.float32) / scale, ys))
-
-
-def example_shape(data):
-    """The shape of one example: the arrays' rows, or the TFRecord files' x_shape."""
-    return data.shape if isinstance(data, Records) else data.x_train.shape[1:]
-
-
-def test_batches(test_set, size=1000):
-    """The test set, size examples at a time: the data (its x_test and y_test), the arrays
-    (x, y), or TFRecord files (Records: read as they stream, never all in memory)."""
-    if not isinstance(test_set, Records):
-        x, y = (test_set.x_test, test_set.y_test) if hasattr(test_set, "x_test") else test_set
-        return ((x[i:i + size], y[i:i + size]) for i in range(0, len(x), size))
-    return record_batches(test_set, size)
-
-
-def record_batches(data, size):
-    """The test files' examples, size at a time, as they stream from the files: a
-    TFRecordDataset parsed as training parses them (parse_records), in a graph of its own."""
-    graph = tf.Graph()
-    with graph.as_default():  # left before the first yield: the caller's graph stays its own
-        batches = tf.data.TFRecordDataset(data.test_files).batch(size).map(parse_records(data))
-        next_batch = tf.compat.v1.data.make_one_shot_iterator(batches).get_next()
-    session = tf.compat.v1.Session(graph=graph)  # not as a "with": that makes it the default
-    try:
-        while True:
-            try:
-                x, y = session.run(next_batch)
-            except tf.errors.OutOfRangeError:
-                return
-            yield x, y
-    finally:
-        session.close()
-
-
-DATA_STARTS = ("data_starts", "data_start_steps")  # session_stream's: graph collections
-
-
-def session_stream(dataset, seed, worker_index):
-    """The next element of dataset(session_seed), as tensors of the graph. Every session starts
-    the stream anew (start_the_data), its seed drawn from seed, this worker and the global step
-    at the session's start: no two workers share an order, and after a restart or a resume a
-    worker does not replay the mini-batches it began with."""
-    start_step = tf.compat.v1.placeholder_with_default(np.int64(0), [], name="data_start_step")
-    iterator = tf.compat.v1.data.make_initializable_iterator(
-        dataset((seed * 1000 + worker_index) * 1000003 + start_step))
-    tf.compat.v1.add_to_collection(DATA_STARTS[0], iterator.initializer)
-    tf.compat.v1.add_to_collection(DATA_STARTS[1], start_step)
-    return iterator.get_next()
-
-
-def start_the_data(session, global_step):
-    """Start every training stream of the graph (session_stream) in a new session, at
-    global_step."""
-    starts, steps = (tf.compat.v1.get_collection(name) for name in DATA_STARTS)
-    session.run(starts, {step: global_step for step in steps})
-# <<< shared: data files
-
-
-# >>> shared: keras
-KERAS_MODELS = {}  # by names: the Keras model, the parameters keras_params made of it, and the
-# graph's name scope then (the start of its weights' names)
-
-
-def keras_params(model):
-    """A built Keras model's weights as an example's parameters: {name: variable}, in the order
-    the model made them (Keras 3's variables hold TensorFlow ones: those, which the examples'
-    loops differentiate and update). Remembered, so that keras_logits finds the model again.
-    The examples run every layer as at test and train every weight by its gradient, so a model
-    that acts otherwise in training is refused in one line: a layer that drops or adds noise at
-    random (Dropout, GaussianNoise, a Random* augmentation), weights not trained by gradients
-    (BatchNormalization's moving statistics, a frozen layer), or losses of the model's own (a
-    regulariser) that model_loss does not add."""
-    def refused():
-        for layer in model._flatten_layers(include_self=False):
-            kind = "layer %s (%s)" % (layer.name, type(layer).__name__)
-            if type(layer).__name__.startswith("Random") or any(
-                    getattr(layer, rate, 0) for rate in ("rate", "dropout", "recurrent_dropout",
-                                                         "stddev")):
-                return kind + " acts at random in training"
-            if layer.non_trainable_weights and not list(layer._flatten_layers(include_self=False)):
-                return kind + " has weights not trained by gradients"
-        if model.losses:
-            return "regulariser (model.losses) adds to the loss"
-    reason = refused()
-    if reason:
-        fail("the Keras model's %s: the examples run every layer as at test, train every weight "
-             "by its gradient and minimise model_loss alone; take it out, or write that part with "
-             "raw variables (docs/own-model.md)" % reason)
-    params = {}
-    for w in model.weights:
-        name = getattr(w, "path", None) or w.name.split(":")[0]
-        params[name] = w if isinstance(w, tf.Variable) else w.value
-    scope = tf.compat.v1.get_default_graph().get_name_scope()
-    KERAS_MODELS[tuple(params)] = (model, params, scope + "/" if scope else "")
-    return params
-
-
-def keras_logits(params, x):
-    """The logits, for the examples x, of the Keras model behind params, computed with params'
-    values: the model itself over its own weights; over any other dict of the same names (a
-    worker's local copy, the parameters plus noise), the model built again (tf_keras's
-    clone_model, in the tf.compat.v1 examples) with each weight taken from params by its name
-    (and checked for its shape): the copy's names are the model's, built in a scope of its own."""
-    model, own, scope = KERAS_MODELS[tuple(params)]
-    if params is own:
-        return model(x)
-    import tf_keras
-    taken = {}  # no weight of the dict twice
-
-    def weight_by_name(next_creator, **kwargs):
-        graph_scope = tf.compat.v1.get_default_graph().get_name_scope()
-        name = graph_scope[len(copy_scope):] + "/" + kwargs["name"]  # as the model names it
-        found = [n for n in params if n == scope + name] or [
-            n for n in params if n == name or n.endswith("/" + name)]
-        if len(found) != 1 or found[0] in taken:
-            raise ValueError("keras_logits: the copy's weight %s matches %s of the model's "
-                             "weights %s" % (name, found or "none", list(params)))
-        shape = tf.TensorShape(kwargs.get("shape"))
-        if not shape.is_compatible_with(params[found[0]].shape):
-            raise ValueError("keras_logits: the copy's weight %s has the shape %s, the dict's %s"
-                             % (name, shape, params[found[0]].shape))
-        taken[found[0]] = True
-        return params[found[0]]
-    with tf.compat.v1.name_scope("keras_copy") as copy_scope:  # a fresh scope: no name taken
-        with tf.variable_creator_scope(weight_by_name):
-            return tf_keras.models.clone_model(model)(x)  # (a model built at its first call)
-# <<< shared: keras
+        yield
+    except tf.errors.OpError as e:
+        if "Could not start gRPC server" in e.message:  # gRPC could not bind the port
+            fail("%s %d: port %s is already in use: by an earlier run, or another program?"
+                 % (args.job_name, args.task_index, args.address))
+        fail("%s %d stopped: %s: %s" % (args.job_name, args.task_index, type(e).__name__,
+                                        cause(e)))
+# <<< shared: ps cluster
 
 
 # >>> shared: tasks
@@ -804,6 +576,172 @@ def wait_for(condition, seconds=float("inf"), waiting=None):
 # <<< shared: tasks
 
 
+# >>> shared: npz
+def read_npz(path):
+    """--data_path's .npz, checked before TensorFlow loads, as the Dataset's fields. Floats become
+    float32; integer pixels stay a byte each, scaled to [0, 1] by x_train's largest (x_scale) in
+    the pipeline; images (N, H, W) gain a channel axis; labels are whole numbers from 0."""
+    names = ("x_train", "y_train", "x_test", "y_test")
+    try:
+        with np.load(path) as f:
+            x_train, y_train, x_test, y_test = arrays = [f[name] for name in names]
+    except (OSError, KeyError, ValueError) as e:  # missing, unreadable, or a key missing
+        fail("cannot load %s (%s): give an .npz with x_train, y_train, x_test and y_test"
+             % (path, str(e).splitlines()[0]))
+    for name, a in zip(names, arrays):
+        if a.dtype.kind not in "biuf" or a.ndim == 0 or len(a) == 0:
+            fail("%s: %s must be a non-empty array of numbers, not %s %s"
+                 % (path, name, a.dtype, a.shape))
+        if a.dtype.kind == "f" and not np.isfinite(a).all():
+            fail("%s: %s has NaN or infinite values" % (path, name))
+        if name[0] == "y" and (a.ndim != 1 or np.any(a != np.round(a)) or a.min() < 0):
+            fail("%s: %s must hold class labels: whole numbers from 0" % (path, name))
+    if len(x_train) != len(y_train) or len(x_test) != len(y_test):
+        fail("%s: x and y differ in length: %d and %d to train, %d and %d to test"
+             % (path, len(x_train), len(y_train), len(x_test), len(y_test)))
+    if x_train.shape[1:] != x_test.shape[1:]:
+        fail("%s: train and test examples differ in shape: %s and %s"
+             % (path, x_train.shape[1:], x_test.shape[1:]))
+    if x_train.ndim == 3:  # images without a channel axis
+        x_train, x_test = x_train[..., np.newaxis], x_test[..., np.newaxis]
+    scale = max(float(x_train.max()), 1.0) if x_train.dtype.kind in "biu" else 1.0
+    if scale == 1.0:
+        x_train, x_test = x_train.astype(np.float32), x_test.astype(np.float32)
+    num_classes = int(max(y_train.max(), y_test.max())) + 1
+    return x_train, y_train.astype(np.int64), x_test, y_test.astype(np.int64), num_classes, scale
+# <<< shared: npz
+
+
+# >>> shared: records
+class Records(collections.namedtuple("Records", "train_files test_files shape dtype x_scale "
+                                           "num_classes")):
+    """--data_path's TFRecord files (read_records), and their test set as it streams."""
+
+    def test_batches(self, size):
+        return tf.data.TFRecordDataset(self.test_files).batch(size).map(parse_records(self))
+
+
+def read_records(folder):
+    """--data_path's folder as tools/npz_to_tfrecord.py writes it: train-*.tfrecord and
+    test-*.tfrecord (tf.train.Examples of x, the array's bytes, and y) and meta.json."""
+    try:
+        names = sorted(os.listdir(folder))
+        train, test = ([os.path.join(folder, name) for name in names if name.startswith(
+            part + "-") and name.endswith(".tfrecord")] for part in ("train", "test"))
+        if not train or not test:
+            raise ValueError("no %s-*.tfrecord files" % ("test" if train else "train"))
+        with open(os.path.join(folder, "meta.json")) as f:
+            meta = json.load(f)
+        return Records(train, test, tuple(meta["x_shape"]), np.dtype(meta["x_dtype"]),
+                       float(meta["x_scale"]), meta["num_classes"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        fail("%s is no folder of TFRecord files (%s): write one with python "
+             "tools/npz_to_tfrecord.py DATA.npz FOLDER" % (folder, e))
+
+
+def records_dataset(data, batch_size, worker_index, num_workers, seed):
+    """This worker's endless stream of mini-batches from its own files (file k goes to worker
+    k mod N): no worker reads the whole set. Every epoch its files in a new order, interleaved,
+    the records shuffled in a buffer of 10,000, batched, then parsed a batch at a time."""
+    if len(data.train_files) < num_workers:
+        fail("%d training file(s) for %d workers: each worker reads files of its own; write at "
+             "least %d (npz_to_tfrecord.py --shards)" % (len(data.train_files), num_workers,
+                                                         num_workers))
+    if isinstance(worker_index, int):  # (a tensor under ParameterServerStrategy)
+        print("[worker%d] reading training files: %s" % (worker_index, ",".join(os.path.basename(
+            f) for f in data.train_files[worker_index::num_workers])), flush=True)
+    files = tf.data.Dataset.from_tensor_slices(data.train_files).shard(num_workers, worker_index)
+    records = files.shuffle(len(data.train_files), seed=seed).interleave(
+        tf.data.TFRecordDataset, cycle_length=4, num_parallel_calls=tf.data.AUTOTUNE)
+    records = records.shuffle(10000, seed=seed).repeat().batch(batch_size, drop_remainder=True)
+    return records.map(parse_records(data), tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
+
+
+def parse_records(data):
+    """The parser of a batch of records (training's, the test set's): x scaled to [0, 1], y."""
+    def parse(serialized):
+        features = tf.io.parse_example(serialized, {
+            "x": tf.io.FixedLenFeature([], tf.string),
+            "y": tf.io.FixedLenFeature([], tf.int64 if data.num_classes else tf.float32)})
+        x = tf.reshape(tf.io.decode_raw(features["x"], data.dtype), (-1,) + data.shape)
+        return tf.cast(x, tf.float32) / data.x_scale, features["y"]
+    return parse
+# <<< shared: records
+
+
+# >>> shared: graph arrays
+def arrays_dataset(x, y, worker_index, num_workers, seed, scale=1.0):
+    """This worker's shard of the arrays (x, y), example by example, in a new order every epoch,
+    integer pixels divided by scale. No constant of the graph (its GraphDef would hold the
+    arrays: 2 GB at most, and copies in memory): it asks Python for them as it starts."""
+    examples = arrays_in_batches(x[worker_index::num_workers], y[worker_index::num_workers],
+                                 len(x)).unbatch()
+    examples = examples.shuffle(len(x) // num_workers + 1, seed=seed)  # the shards differ
+    if x.dtype.kind not in "biu":  # floats as they are; integer pixels scaled
+        return examples
+    return examples.map(lambda xs, ys: (tf.cast(xs, tf.float32) / scale, ys))
+# <<< shared: graph arrays
+
+
+# >>> shared: graph stream
+def session_stream(dataset, seed, worker_index):
+    """The next element of dataset(session_seed), as tensors of the graph. Every session starts
+    the stream anew (start_the_data), its seed drawn from seed, this worker and the global step
+    at the session's start: no two workers share an order, and after a restart or a resume a
+    worker does not replay the mini-batches it began with."""
+    start_step = tf.compat.v1.placeholder_with_default(np.int64(0), [], name="data_start_step")
+    iterator = tf.compat.v1.data.make_initializable_iterator(
+        dataset((seed * 1000 + worker_index) * 1000003 + start_step))
+    tf.compat.v1.add_to_collection("data_starts", (iterator.initializer, start_step))
+    return iterator.get_next()
+
+
+def start_the_data(session, global_step):
+    """Start every training stream of the graph (session_stream), in a new session."""
+    for initializer, start_step in tf.compat.v1.get_collection("data_starts"):
+        session.run(initializer, {start_step: global_step})
+# <<< shared: graph stream
+
+
+# >>> shared: graph test set
+def arrays_in_batches(x, y, size):
+    """The arrays (x, y), size examples at a time, handed over by Python as the stream starts."""
+    return tf.data.Dataset.from_generator(
+        lambda: ((x[i:i + size], y[i:i + size]) for i in range(0, len(x), size)),
+        output_signature=(tf.TensorSpec((None,) + x.shape[1:], x.dtype),
+                          tf.TensorSpec((None,) + y.shape[1:], y.dtype)))
+
+
+def test_metrics_of(test_metrics, data):
+    """The test set's stream and test_metrics(x, y) of its batches: a start op, and each batch's
+    (size, metrics). From the TFRecord files or the arrays, 1000 examples a batch, x in float32
+    scaled as in training: it may be larger than memory, and is no constant of the graph."""
+    if hasattr(data, "test_batches"):  # Records
+        batches = data.test_batches(1000)
+    else:
+        batches, scale = arrays_in_batches(data.x_test, data.y_test, 1000), getattr(
+            data, "x_scale", None)  # (a Dataset's: integer pixels, scaled as in training)
+        if scale and data.x_test.dtype.kind in "biu":
+            batches = batches.map(lambda x, y: (tf.cast(x, tf.float32) / scale, y))
+    iterator = tf.compat.v1.data.make_initializable_iterator(batches)
+    x, y = iterator.get_next()
+    return iterator.initializer, (tf.shape(x)[0], test_metrics(x, y))
+
+
+def mean_over_the_test_set(session, start, batch):
+    """Each test metric, a mean over a batch, averaged over every example of the test set."""
+    session.run(start)
+    totals, examples = collections.Counter(), 0
+    while True:
+        try:
+            size, metrics = session.run(batch)
+        except tf.errors.OutOfRangeError:
+            return {name: float(totals[name] / examples) for name in metrics}
+        totals.update({name: value * size for name, value in metrics.items()})
+        examples += size
+# <<< shared: graph test set
+
+
 # >>> shared: summary
 def print_summary(role, summary):
     """The run's last line, key=value ...: what users, the tests and the benchmarks read."""
@@ -814,502 +752,278 @@ def print_summary(role, summary):
 # <<< shared: summary
 
 
-# >>> shared: test metrics
-def test_metrics_in_batches(session, metrics, x, y, test_set):
-    """Each of metrics (tensors, each a mean over a batch) averaged over the whole test set, fed
-    1000 examples at a time into the placeholders x and y (test_batches): a large test set never
-    becomes a graph constant, nor needs to fit in memory."""
-    totals, examples = dict.fromkeys(metrics, 0.0), 0
-    for x_test, y_test in test_batches(test_set):
-        feed = {x: x_test, y: y_test}
-        for name, value in session.run(metrics, feed).items():
-            totals[name] += value * len(feed[x])
-        examples += len(feed[x])
-    return {name: float(total / examples) for name, total in totals.items()}
-
-
-def tensorboard_summary(metrics, loss=None):
-    """The test metrics (test_NAME), and the training loss if given, as one TensorBoard
-    summary."""
-    summary = tf.compat.v1.Summary()
-    for name, value in metrics.items():
-        summary.value.add(tag="test_" + name, simple_value=value)
-    if loss is not None:
-        summary.value.add(tag="loss", simple_value=loss)
-    return summary
-# <<< shared: test metrics
-
-
-# >>> shared: cluster and session
-def resolve_cluster(args):
-    """The cluster from the flags, or else from TF_CONFIG as operators write it: a "chief" or
-    "master" becomes worker 0, an "evaluator" has nothing to do. Sets job_name and task_index,
-    and connect_timeout if not given: 60 s, or 600 s under TF_CONFIG."""
-    job, index = args.job_name, args.task_index
-    from_flags = job or args.ps_hosts or args.worker_hosts or "TF_CONFIG" not in os.environ
-    if args.connect_timeout is None:
-        args.connect_timeout = 60.0 if from_flags else 600.0
-    if from_flags:
-        if not args.ps_hosts or not args.worker_hosts:
-            fail("give --ps_hosts and --worker_hosts (or set TF_CONFIG)")
-        cluster = {"ps": args.ps_hosts.replace(" ", "").split(","),
-                   "worker": args.worker_hosts.replace(" ", "").split(",")}
-    else:
-        try:
-            config = json.loads(os.environ["TF_CONFIG"])
-            spec, job = config["cluster"], config["task"]["type"]
-            index = int(config["task"].get("index") or 0)
-            chief = list(spec.get("chief", [])) + list(spec.get("master", []))
-            cluster = {"ps": list(spec["ps"]), "worker": chief + list(spec.get("worker", []))}
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
-            fail("TF_CONFIG is not valid cluster JSON (%s: %s)" % (type(e).__name__, e))
-        if job in ("chief", "master"):
-            job, index = "worker", 0
-        elif job == "worker":
-            index += len(chief)  # the workers come after the chief
-        elif job == "evaluator":
-            print("[evaluator] nothing to do: the chief evaluates", flush=True)
-            sys.exit(0)
-    check_cluster(cluster, job, index)
-    args.job_name, args.task_index = job, index
-    if port_taken(cluster[job][index]):  # in one line here, rather than deep inside gRPC
-        fail("%s %d: port %s is already in use: by an earlier run, or another program?"
-             % (job, index, cluster[job][index]))
-    return cluster
-
-
-def sharded_over_the_ps(cluster, shard=True):
-    """A variable scope in which each variable made is cut into one slice per ps task (along its
-    first axis), so that every ps holds, and every ps link carries, an equal share of its bytes:
-    replica_device_setter places whole variables, and one large matrix then loads one ps. Optimizers
-    update the slices; the model reads each variable whole. shard=False: a scope that changes
-    nothing."""
-    partitioner = tf.compat.v1.fixed_size_partitioner(len(cluster["ps"])) if shard else None
-    return tf.compat.v1.variable_scope(tf.compat.v1.get_variable_scope(), partitioner=partitioner)
-
-
-@contextlib.contextmanager
-def errors_in_one_line(args):
-    """A TensorFlow error that ends this task (a peer lost, a wait timed out) as one line."""
-    try:
-        yield
-    except tf.errors.OpError as e:
-        fail("%s %d stopped: %s: %s" % (args.job_name, args.task_index, type(e).__name__,
-                                        cause(e)))
-
-
-def reach_the_ps(args, cluster):
-    """Wait until every ps listens, at most --connect_timeout: a worker starts after it, and
-    after it restarted."""
-    silent = lambda: [ps for ps in cluster["ps"] if not is_listening(ps)]
-    if not wait_for(lambda: not silent(), args.connect_timeout, waiting=lambda: (
-            "[worker%d] waiting for the ps at %s" % (args.task_index, ",".join(silent())))):
-        fail("cannot reach the ps at %s: is it running?" % ",".join(silent()))
-
-
+# >>> shared: ps session
 def run_over_flag(ps_index):
-    """A flag on each ps that the chief raises when the run is over: every worker has finished
-    or is lost. A ps reads its own, so ending needs no other task."""
+    """A flag on each ps that the chief raises when the run is over: each ps reads its own."""
     with tf.compat.v1.device("/job:ps/task:%d" % ps_index):
         return tf.compat.v1.Variable(False, collections=[], name="run_over_%d" % ps_index)
 
 
 def serve(args, cluster, server):
-    """A ps serves until the chief says the run is over; TensorFlow's server never ends by
-    itself. A ps whose flag no chief has set up within connect_timeout seconds, while the
-    chief's port stays closed, served no one: it ends with an error (a chief that listens may be
-    building a large graph: the ps waits on). The flag's variable has the same name in every
-    task's graph, so the ps reads the one the chief writes."""
-    index, connect_timeout = args.task_index, args.connect_timeout
+    """A ps serves until the chief says the run is over (a TensorFlow server never ends by
+    itself). One whose flag no chief has set up within --connect_timeout, while the chief's port
+    stays closed, served no one: an error (a chief that listens may be building a large graph).
+    The flag has the same name in every task's graph, so the ps reads what the chief writes."""
+    index, chief = args.task_index, cluster["worker"][0]
     with tf.Graph().as_default():
         run_over = run_over_flag(index)
         set_up = tf.compat.v1.is_variable_initialized(run_over)
         session = tf.compat.v1.Session(server.target, config=tf.compat.v1.ConfigProto(
             device_filters=["/job:ps/task:%d" % index]))  # this ps alone: nothing else to wait for
-    print("[ps%d] serving %d worker(s) at %s" % (index, len(cluster["worker"]),
-                                                 cluster["ps"][index]), flush=True)
-    chief = cluster["worker"][0]
-    while not wait_for(lambda: session.run(set_up), connect_timeout, waiting=lambda: (
+    print("[ps%d] serving %d worker(s) at %s" % (index, len(cluster["worker"]), args.address),
+          flush=True)
+    while not wait_for(lambda: session.run(set_up), args.connect_timeout, waiting=lambda: (
             "[ps%d] waiting for the chief (worker0) at %s" % (index, chief))):
-        if not is_listening(chief):  # a chief that listens is alive, building its graph
-            fail("ps%d: no chief at %s within %g s: this ps served no one" % (
-                index, chief, connect_timeout))
+        if not is_listening(chief):
+            fail("ps%d: no chief at %s within %g s: this ps served no one"
+                 % (index, chief, args.connect_timeout))
     wait_for(lambda: session.run(run_over))
     print("[ps%d] the run is over; shutting down" % index, flush=True)
     return 0
 
 
-class Worker(object):
-    """A worker's part of the run besides its algorithm: test_metrics(x, y), the metric tensors
-    of a batch of test examples, fed test_set (the data, or arrays (x, y)) in batches; the run's
-    status on ps 0 (for each worker NOT_STARTED, TRAINING, or its local steps once finished;
-    after ps 0 restarts the chief writes back what it last read); and session(). rejoins=False
-    (Evolution-Strategies' chief): a restart, or a lost session, ends the task in one line."""
-    NOT_STARTED, TRAINING = -2, -1
-    GLOBAL_STEP_READ = "global_step_read_op_cache"  # tensorflow/python/training/training_util.py
+class Hook(object):
+    """A SessionRunHook that does nothing but the methods given, as Hook(end=f) (TensorFlow
+    loads after the flags are checked, so no class here derives from its own)."""
+    begin = after_create_session = before_run = after_run = end = lambda *args: None
 
-    def __init__(self, args, cluster, test_metrics, test_set, steps_per_update=1, rejoins=True):
-        self.args, self.cluster, self.test_set = args, cluster, test_set
-        self.steps_per_update, self.rejoins = steps_per_update, rejoins
+    def __init__(self, **methods):
+        self.__dict__.update(methods)
+
+
+class Worker(Hook):
+    """This worker's part of the run besides its algorithm, handed test_metrics(x, y) and the
+    data. session() is TensorFlow's MonitoredSession with this object its session creator and a
+    hook (progress, the chief's test metrics, the watchdog, the end). The run's status lives on
+    ps 0, never checkpointed: for each worker NOT_STARTED, TRAINING, or its local steps once
+    finished (the chief's last read written back if ps 0 restarts)."""
+    NOT_STARTED, TRAINING = -2, -1
+
+    def __init__(self, args, cluster, test_metrics, data, steps_per_update=1):
+        self.args, self.cluster, self.steps_per_update = args, cluster, steps_per_update
         self.role, self.is_chief = "worker%d" % args.task_index, args.task_index == 0
         self.global_step = tf.compat.v1.train.get_or_create_global_step()
-        # TensorFlow's hooks (StopAtStepHook, CheckpointSaverHook) fetch the global step with
-        # every run, through the tensor in the collection GLOBAL_STEP_READ (else their own, a
-        # cond whose parts cross from the ps). Here Progress feeds it the global step the last
-        # update returned, so that no run fetches it from the ps; a hook's own read, unfed
-        # (when its stale value says the last step or a checkpoint is due), reads the ps.
-        with tf.compat.v1.device(self.global_step.device):
-            read = tf.identity(self.global_step, name="global_step_read")
-        with tf.compat.v1.device("/job:worker/task:%d" % args.task_index):
-            self.step_seen = tf.compat.v1.placeholder_with_default(read, [], "global_step_seen")
-        tf.compat.v1.get_collection_ref(self.GLOBAL_STEP_READ)[:] = [self.step_seen]
-        x_test, y_test = next(test_batches(test_set, 1))  # an example: the placeholders' types
-        with tf.compat.v1.device("/job:worker/task:%d" % args.task_index):
-            self.test_x = tf.compat.v1.placeholder(x_test.dtype, (None,) + x_test.shape[1:])
-            self.test_y = tf.compat.v1.placeholder(y_test.dtype, (None,) + y_test.shape[1:])
-            self.test_metrics = test_metrics(self.test_x, self.test_y)
         workers = len(cluster["worker"])
-        with tf.compat.v1.device("/job:ps/task:0"):  # never checkpointed
-            self.status = tf.compat.v1.Variable(np.full(workers, self.NOT_STARTED, np.int64),
-                                                collections=[], name="run_status")
-        self.my_status = tf.compat.v1.placeholder(tf.int64, [1])
-        self.set_my_status = tf.compat.v1.scatter_update(self.status, [args.task_index],
-                                                         self.my_status)
+        with tf.compat.v1.device("/job:worker/task:%d" % args.task_index):
+            self.test_set = test_metrics_of(test_metrics, data)
+            self.seen = tf.compat.v1.placeholder_with_default(
+                np.full(workers, self.NOT_STARTED, np.int64), [workers])
+            self.mine = tf.compat.v1.placeholder(tf.int64, [1])
+        with tf.compat.v1.device("/job:ps/task:0"):
+            self.status = tf.compat.v1.Variable(self.seen, collections=[], name="run_status")
+        self.set_mine = tf.compat.v1.scatter_update(self.status, [args.task_index], self.mine)
         self.run_over = [run_over_flag(k) for k in range(len(cluster["ps"]))]
         self.end_run = tf.group([flag.assign(True) for flag in self.run_over])
-        if self.is_chief:  # a restarted chief, or a restarted ps, sets up only what is not there
-            self.has_status = tf.compat.v1.is_variable_initialized(self.status)
-            self.set_up = [(tf.compat.v1.is_variable_initialized(v), v.initializer)
-                           for v in [self.status] + self.run_over]
-            self.status_fed = tf.compat.v1.placeholder(tf.int64, [workers])
-            self.write_back = self.status.assign(self.status_fed)
-        self.status_seen = None  # the status as the chief last read it
-        self.sessions, self.local_steps = 0, 0  # sessions made (StartOrRejoin), steps taken
-        # the chief's last new session found the variables on the ps: it (or its session) was
-        # restarted, the ps was not (a synchronous example's start-up reads it)
-        self.kept_variables = False
+        self.local_steps, self.sessions, self.status_seen, self.start_step = 0, 0, None, None
+        self.watching = self.ps_lost = self.kept_variables = False
 
-    def session(self, server, loss, update, last_step=None, hooks=(), wait_for_everyone=False,
-                minibatches_per_update=1, **summary):
-        """TensorFlow's MonitoredSession, made by StartOrRejoin (wait_for_everyone: once every
-        worker has started), with hooks: StopAtStepHook at last_step (None: the example stops
-        itself), the example's own, Watchdog, RunStatus, the chief's CheckpointSaverHook (as a
-        session starts, every 30 s, at the end) and Progress (update: a step's tensor, its value
-        the global step after it; loss: the step's, or a placeholder the step feeds). After a
-        step lost to a restart (Aborted, Unavailable) MonitoredSession makes a new session;
-        closed, it runs the hooks' end: the chief waits for the others, saves, prints the
-        summary line with the example's fields (values, tensors or functions) and ends the run."""
-        creator = StartOrRejoin(self, server, wait_for_everyone)
-        stop = [tf.compat.v1.train.StopAtStepHook(last_step=last_step)] if last_step else []
-        hooks = stop + list(hooks) + [Watchdog(self.role, self.args.watchdog),
-                                      RunStatus(self)]
+    def session(self, server, loss, update, last_step=None, hooks=(), minibatches_per_update=1,
+                **summary):
+        """The session on server, with TensorFlow's StopAtStepHook at last_step (None: the
+        example stops itself), the example's hooks, and the chief's CheckpointSaverHook (as a
+        session starts, every 30 s, at the end). update: a step's tensor, its value the global
+        step after it; loss: the step's, or a placeholder it feeds; summary: the example's fields
+        of the summary line (values, tensors or functions)."""
+        self.server, self.loss, self.update, self.last_step = server, loss, update, last_step
+        self.minibatches_per_update, self.summary = minibatches_per_update, summary
+        self.saver = tf.compat.v1.train.Saver()  # every global variable; the save runs here
+        variables = tf.compat.v1.global_variables()  # by ps: what a restarted one lacks
+        self.by_ps = [(ps[5:].replace("/task:", ""), tf.compat.v1.report_uninitialized_variables(
+            mine), tf.compat.v1.train.Saver(mine), tf.compat.v1.variables_initializer(mine))
+            for ps in sorted({v.device for v in variables})
+            for mine in [[v for v in variables if v.device == ps]]]
+        self.set_up = [(tf.compat.v1.is_variable_initialized(v), v.initializer)
+                       for v in [self.status] + self.run_over]
+        everything = variables + tf.compat.v1.local_variables() + [self.status] + self.run_over
+        self.scaffold = tf.compat.v1.train.Scaffold(
+            saver=self.saver, ready_op=tf.compat.v1.report_uninitialized_variables(everything))
+        hooks = ([tf.compat.v1.train.StopAtStepHook(last_step=last_step)] if last_step else []
+                 ) + list(hooks) + [Hook(end=self.wait_for_the_others)]
         if self.is_chief:
             print("[worker0] chief: log_dir=%s" % self.args.log_dir, flush=True)
+            self.writer = tf.compat.v1.summary.FileWriterCache.get(self.args.log_dir)
             hooks.append(tf.compat.v1.train.CheckpointSaverHook(
-                self.args.log_dir, save_secs=30, saver=creator.saver))
-        hooks.append(Progress(self, loss, update, minibatches_per_update, summary, last_step))
-        return tf.compat.v1.train.MonitoredSession(session_creator=creator, hooks=hooks)
-
-    def restore_or_initialise(self, session):
-        """The chief's init_fn (StartOrRejoin): the run's status and the run-over flags set up
-        where missing (the status it last read written back, after ps 0 restarted); then the
-        latest checkpoint restored, or the variables initialised, only where the ps lacks them:
-        a restarted chief goes on from the ps's global step, a restarted ps gets them back."""
-        status_lost = not session.run(self.has_status)  # a new run, or ps 0 restarted
-        for is_set_up, initializer in self.set_up:
-            if not session.run(is_set_up):
-                session.run(initializer)
-        if status_lost and self.status_seen is not None:  # ps 0 restarted: the status back
-            session.run(self.write_back, {self.status_fed: self.status_seen})
-        self.kept_variables = len(session.run(self.not_ready)) == 0
-        if not self.kept_variables:  # a new run, or the ps restarted
-            checkpoint = tf.train.latest_checkpoint(self.args.log_dir)
-            if checkpoint:
-                self.saver.restore(session, checkpoint)
-                print("[worker0] resuming from the checkpoint at global step %d"
-                      % session.run(self.global_step), flush=True)
-            else:
-                session.run(self.initialise)
-        elif self.sessions == 1:
-            print("[worker0] resuming at global step %d: the ps kept the variables"
-                  % session.run(self.global_step), flush=True)
-
-    def read_status(self, session):
-        """The run's status on ps 0; the chief keeps what it read, to write it back."""
-        self.status_seen = session.run(self.status)
-        return self.status_seen
-
-
-class StartOrRejoin(object):
-    """Worker.session's session creator (a SessionCreator's create_session) on SessionManager,
-    as TensorFlow's ChiefSessionCreator and WorkerSessionCreator are, with two defaults
-    corrected for tasks that leave and rejoin: the chief's prepare_session gets no
-    checkpoint_dir (it would restore whenever a checkpoint exists, even over a ps that kept the
-    run) but init_fn, restore_or_initialise; the others' wait_for_session checks every second
-    (not every 30 s), at most --connect_timeout, then fails in one line. Each new session then
-    starts the training stream (start_the_data) and marks the worker TRAINING. MonitoredSession
-    calls it again after a lost step, with no pause nor limit: here a line says so, each try in
-    a row comes a second later than the last, and the RETRIES-th ends the task in one line."""
-    RETRIES = 6
-
-    def __init__(self, worker, server, wait_for_everyone=False):
-        self.worker, self.server, self.wait_for_everyone = worker, server, wait_for_everyone
-        self.in_a_row, self.steps_then = 0, None  # new sessions with no step between them
-        worker.saver = self.saver = tf.compat.v1.train.Saver()  # every global variable
-        worker.initialise = tf.compat.v1.global_variables_initializer()
-        worker.not_ready = tf.compat.v1.report_uninitialized_variables(
-            tf.compat.v1.global_variables())
-        worker.not_ready.mark_used()  # the chief's alone: no "never used" error elsewhere
-        everything = (tf.compat.v1.global_variables() + tf.compat.v1.local_variables() +
-                      [worker.status] + worker.run_over)  # the run's status too
-        self.scaffold = tf.compat.v1.train.Scaffold(
-            init_op=worker.initialise, saver=self.saver,
-            ready_op=tf.compat.v1.report_uninitialized_variables(everything))
+                self.args.log_dir, save_secs=30, saver=self.saver))
+        return tf.compat.v1.train.MonitoredSession(session_creator=self, hooks=hooks + [self])
 
     def create_session(self):
-        worker, args = self.worker, self.worker.args
-        worker.sessions += 1
-        if worker.sessions > 1:
-            if not worker.rejoins:
-                fail("%s: its session was lost to a restarted task, and %s cannot take up its "
-                     "run again; start the whole run again" % (worker.role, EXAMPLE))
-            same = worker.local_steps == self.steps_then
-            self.in_a_row, self.steps_then = self.in_a_row + 1 if same else 1, worker.local_steps
-            if self.in_a_row > self.RETRIES:
-                fail("%s: %d sessions in a row lost to restarts, none took a step: is a task "
-                     "restarting again and again?" % (worker.role, self.RETRIES))
-            print("[%s] lost a step to a restart: a new session (%d in a row)"
-                  % (worker.role, self.in_a_row), flush=True)
-            time.sleep(self.in_a_row - 1)  # the pace of the tries: 0, 1, 2 ... s
-        reach_the_ps(args, worker.cluster)
+        """SessionManager's start-up, as TensorFlow's ChiefSessionCreator and WorkerSessionCreator
+        make it, with two defaults corrected: the chief's prepare_session gets no checkpoint_dir
+        (it would restore whenever a checkpoint exists, even over a ps that kept the run) but
+        init_fn=restore_where_lost; the others' wait_for_session checks every second, not every
+        30 s, for at most --connect_timeout. MonitoredSession calls it again after a step lost
+        to a restarted task (Aborted, Unavailable)."""
+        args, role = self.args, self.role
+        self.watching = False  # waiting for the ps, or the chief, is no stuck step
+        if self.sessions:
+            print("[%s] lost a step to a restart: a new session" % role, flush=True)
+        silent = lambda: [ps for ps in self.cluster["ps"] if not is_listening(ps)]
+        if not wait_for(lambda: not silent(), args.connect_timeout, waiting=lambda: (
+                "[%s] waiting for the ps at %s" % (role, ",".join(silent())))):
+            fail("%s: cannot reach the ps at %s: is it running?" % (role, ",".join(silent())))
         self.scaffold.finalize()  # the graph is whole: a loop that adds ops would grow forever
         manager = tf.compat.v1.train.SessionManager(
             local_init_op=self.scaffold.local_init_op, ready_op=self.scaffold.ready_op,
-            ready_for_local_init_op=self.scaffold.ready_for_local_init_op,
-            recovery_wait_secs=1)
+            ready_for_local_init_op=self.scaffold.ready_for_local_init_op, recovery_wait_secs=1)
         # filter devices, or the session waits for every worker to answer, even those that left
         config = tf.compat.v1.ConfigProto(device_filters=[
             "/job:ps", "/job:worker/task:%d" % args.task_index], intra_op_parallelism_threads=1)
-        if worker.is_chief:
+        if self.is_chief:
             session = manager.prepare_session(self.server.target, config=config,
-                                              init_fn=worker.restore_or_initialise)
+                                              init_fn=self.restore_where_lost)
         else:
             try:
                 session = manager.wait_for_session(self.server.target, config=config,
                                                    max_wait_secs=args.connect_timeout)
             except tf.errors.DeadlineExceededError:
                 fail("%s: the chief has not set the variables up after %g s"
-                     % (worker.role, args.connect_timeout))
-        worker.started_at = int(session.run(worker.global_step))  # this session's start
-        start_the_data(session, worker.started_at)  # an order of this session's
-        if worker.sessions == 1 and not worker.rejoins and session.run(
-                worker.status)[args.task_index] != worker.NOT_STARTED:  # it started once already
-            fail("%s: %s cannot take a restarted worker back into a run in progress; start "
-                 "the whole run again" % (worker.role, EXAMPLE))
-        session.run(worker.set_my_status, {worker.my_status: [worker.TRAINING]})
-        absent = lambda: [k for k, s in enumerate(session.run(worker.status))
-                          if s == worker.NOT_STARTED]
-        if self.wait_for_everyone and not wait_for(
-                lambda: not absent(), args.connect_timeout, waiting=lambda: (
-                    "[%s] waiting for worker(s) %s to start" % (worker.role, ",".join(
-                        map(str, absent()))))):
-            fail("%s: worker(s) %s did not start within %g s, and every round needs every "
-                 "worker" % (worker.role, ",".join(map(str, absent())), args.connect_timeout))
+                     % (role, args.connect_timeout))
+        self.step = int(session.run(self.global_step))  # this session's start
+        start_the_data(session, self.step)  # an order of this session's
+        self.rejoining = self.sessions > 0 or (  # in the run before: a restarted task
+            session.run(self.status)[args.task_index] != self.NOT_STARTED)
+        session.run(self.set_mine, {self.mine: [self.TRAINING]})
+        self.sessions += 1
         return session
 
-
-class Hook(object):
-    """tf.compat.v1.train.SessionRunHook's five methods, each doing nothing: the base of this
-    file's hooks (TensorFlow loads after the flags are checked, so none derives from its own)."""
-    begin = after_create_session = before_run = after_run = end = lambda self, *args: None
-
-
-class RunStatus(Hook):
-    """The run's status on ps 0, which TensorFlow lacks (StartOrRejoin marks a worker
-    TRAINING). At its end a worker writes its local steps there; the chief then waits for every
-    other worker to finish, to close its port while TRAINING (lost), or, NOT_STARTED, not to
-    start within --connect_timeout, and names those it lost and those that never started."""
-
-    def __init__(self, worker):
-        self.worker = worker
-
-    def end(self, session):
-        worker = self.worker
-        session.run(worker.set_my_status, {worker.my_status: [worker.local_steps]})
-        if not worker.is_chief:
-            return
-        workers, my_end = worker.cluster["worker"], time.time()
-
-        def still_to_come():  # neither finished, nor lost, nor too late to start
-            late = time.time() > my_end + worker.args.connect_timeout
-            return [k for k, s in enumerate(worker.read_status(session))
-                    if s == worker.TRAINING and is_listening(workers[k])
-                    or s == worker.NOT_STARTED and not late]
-        wait_for(lambda: not still_to_come(), waiting=lambda: (
-            "[worker0] waiting for worker(s) %s to finish" % ",".join(map(str, still_to_come()))))
-        status = worker.read_status(session)  # after the wait
-        lost = [k for k, s in enumerate(status) if s == worker.TRAINING]
-        absent = [k for k, s in enumerate(status) if s == worker.NOT_STARTED]
-        if lost:
-            print("[worker0] worker(s) %s failed or were lost" % ",".join(map(str, lost)))
-        if absent:
-            print("[worker0] worker(s) %s never started (waited %g s)"
-                  % (",".join(map(str, absent)), worker.args.connect_timeout))
-
-
-class Progress(Hook):
-    """A progress line every --log_every local steps, after each run of the update (the
-    step's loss and global step fetched with it); on the chief with the test metrics over the
-    test set, also to TensorBoard. At the end the chief's summary line, after which the run is
-    over: every ps's run-over flag raised. (TensorFlow's LoggingTensorHook prints a step's
-    tensors, not metrics of a test set fed in batches, nor a run's summary.)"""
-
-    def __init__(self, worker, loss, update, minibatches_per_update, summary, last_step=None):
-        self.worker, self.loss, self.update, self.last_step = worker, loss, update, last_step
-        self.minibatches_per_update, self.summary = minibatches_per_update, summary
-        self.history = []
-
-    def begin(self):
-        if self.worker.is_chief:  # the writer CheckpointSaverHook adds the graph to
-            self.writer = tf.compat.v1.summary.FileWriterCache.get(self.worker.args.log_dir)
+    def restore_where_lost(self, session):
+        """The chief's init_fn: the status and run-over flags set up where missing; each ps that
+        lacks its variables (a new run, a ps restarted) gets the latest checkpoint's, or with
+        none their initial values; a ps that kept them goes on (a restarted chief too)."""
+        for is_set_up, initializer in self.set_up:
+            if not session.run(is_set_up):
+                session.run(initializer, {} if self.status_seen is None else {
+                    self.seen: self.status_seen})
+        lost = [(ps, saver, init) for ps, missing, saver, init in self.by_ps
+                if len(session.run(missing))]
+        checkpoint, self.kept_variables = tf.train.latest_checkpoint(self.args.log_dir), not lost
+        for ps, saver, init in lost:
+            saver.restore(session, checkpoint) if checkpoint else session.run(init)
+        lost_ps = ",".join(ps for ps, _, _ in lost) if len(lost) < len(self.by_ps) else ""
+        if lost_ps and not checkpoint:
+            print("[worker0] %s lost its variables, and %s holds no checkpoint: they start "
+                  "again from their initial values" % (lost_ps, self.args.log_dir), flush=True)
+        elif lost and checkpoint:
+            print("[worker0] resuming from the checkpoint at global step %d%s" % (session.run(
+                self.global_step), " on " + lost_ps if lost_ps else ""), flush=True)
+        elif not lost and not self.sessions:
+            print("[worker0] resuming at global step %d: the ps kept the variables"
+                  % session.run(self.global_step), flush=True)
 
     def after_create_session(self, session, coord):
-        self.step = self.worker.started_at  # the global step as this session starts
-        if self.last_step and self.step >= self.last_step:  # the run is over: stop now
+        """The clock starts with the first session that came up; one that finds the run over
+        stops."""
+        if self.start_step is None:
+            self.start_step = self.timed_from = self.step
+            self.clock = time.time()
+            print("[%s] training started" % self.role, flush=True)
+            threading.Thread(target=self.watch, daemon=True).start()
+        self.over = bool(self.last_step) and self.step >= self.last_step
+        if self.over:
             coord.request_stop()  # (StopAtStepHook looks only after a step)
-        if self.worker.sessions == 1:
-            self.start_step = self.step
-            self.start_clock()  # again at the first update
-            print("[%s] training started" % self.worker.role, flush=True)
-
-    def start_clock(self):
-        """The run's clock (its rates, its history's seconds) starts once the first update has
-        returned, in every example: set-up, and the first step's own preparation, untimed."""
-        self.start_time = self.progress_time = time.time()
-        self.timed_from_step, self.progress_steps = self.step, self.worker.local_steps
 
     def before_run(self, run_context):
-        """A run of the update is a step: its value (the global step after it, which the run
-        fetches anyway) comes back, the loss too with the first and with each that ends a
-        --log_every interval (a fetch costs on every step)."""
-        worker, fetches = self.worker, run_context.original_args.fetches
-        self.updating = fetches is self.update or any(  # not a read
+        """A run of the update fetches its value (the global step after it) and the loss. A
+        run that MonitoredSession retries in a new session that found the run over ends it
+        instead: run again, it would land past last_step."""
+        if self.over:
+            raise tf.errors.OutOfRangeError(None, None, "the run is over")  # a clean end
+        fetches = run_context.original_args.fetches
+        self.updating = fetches is self.update or any(
             fetch is self.update for fetch in tf.nest.flatten(fetches))
-        seen = {worker.step_seen: self.step}  # the hooks' global step (Worker.step_seen)
-        if not self.updating:
-            return tf.compat.v1.train.SessionRunArgs(None, seen)
-        every, after = worker.args.log_every, worker.local_steps + worker.steps_per_update
-        if worker.local_steps == 0 or worker.local_steps // every != after // every:
-            return tf.compat.v1.train.SessionRunArgs({"step": self.update, "loss": self.loss}, seen)
-        return tf.compat.v1.train.SessionRunArgs({"step": self.update}, seen)
+        if self.updating:
+            return tf.compat.v1.train.SessionRunArgs((self.update, self.loss))
 
     def after_run(self, run_context, run_values):
-        """Count the update; stop at last_step; every --log_every local steps a progress line."""
-        worker = self.worker
+        """Count the update; stop at last_step as it returns (StopAtStepHook's own read of the
+        global step may be an older one); a progress line every --log_every local steps."""
         if not self.updating:
             return
-        before = worker.local_steps
-        worker.local_steps += worker.steps_per_update
-        self.step = int(run_values.results["step"])
-        if self.last_step and self.step >= self.last_step:  # as this update returns: the
-            run_context.request_stop()  # global step StopAtStepHook reads may be an older one
-        if "loss" not in run_values.results:
+        self.last_run, self.watching, self.ps_lost = time.time(), True, False
+        before, self.local_steps = self.local_steps, self.local_steps + self.steps_per_update
+        self.step, loss = int(run_values.results[0]), float(run_values.results[1])
+        if self.last_step and self.step >= self.last_step:
+            run_context.request_stop()
+        if before == 0:  # the clock starts as the first update returns
+            self.clock, self.timed_from = time.time(), self.step
+            self.progress = (before, self.clock)
+        if before // self.args.log_every == self.local_steps // self.args.log_every:
             return
-        loss = float(run_values.results["loss"])
-        if before == 0:  # the clock starts as the first update returns (start_clock)
-            self.start_clock()
-        if before // worker.args.log_every == worker.local_steps // worker.args.log_every:
-            return
-        rate = (worker.local_steps - self.progress_steps) / (time.time() - self.progress_time)
+        rate = (self.local_steps - self.progress[0]) / (time.time() - self.progress[1])
         line = "[%s] local_step=%d global_step=%d loss=%.4f" % (
-            worker.role, worker.local_steps, self.step, loss)
-        if worker.is_chief:
-            for name, value in self.evaluate(run_context.session, self.step, loss).items():
+            self.role, self.local_steps, self.step, loss)
+        if self.is_chief:
+            for name, value in self.evaluate(run_context.session, loss).items():
                 line += " test_%s=%.4f" % (name, value)
-            worker.read_status(run_context.session)
+            self.status_seen = run_context.session.run(self.status)  # written back if ps 0 restarts
         print(line + " steps_per_sec=%.1f" % rate, flush=True)
-        self.progress_steps, self.progress_time = worker.local_steps, time.time()
+        self.progress = (self.local_steps, time.time())
 
-    def evaluate(self, session, global_step, loss=None):
-        """The test metrics, each a mean over the test set, fed 1000 examples at a time (a large
-        test set is never a graph constant); also to TensorBoard, with the loss if given."""
-        worker = self.worker
-        metrics = test_metrics_in_batches(session, worker.test_metrics, worker.test_x,
-                                          worker.test_y, worker.test_set)
-        self.writer.add_summary(tensorboard_summary(metrics, loss), global_step)
-        seconds = round(time.time() - self.start_time, 3)
-        self.history.append([seconds, global_step] + list(metrics.values()))
+    def evaluate(self, session, loss=None):
+        """The test metrics over the test set, to TensorBoard too (with the loss, if given)."""
+        metrics = mean_over_the_test_set(session, *self.test_set)
+        values = [("test_" + name, value) for name, value in metrics.items()]
+        self.writer.add_summary(tf.compat.v1.Summary(value=[
+            tf.compat.v1.Summary.Value(tag=tag, simple_value=value) for tag, value in
+            values + ([("loss", loss)] if loss is not None else [])]), self.step)
         return metrics
 
+    def watch(self):
+        """The watchdog: a worker whose step has not returned for --watchdog seconds ends its
+        process, for a restart policy to start it again (a step that a peer's restart left
+        waiting may never return). Once a ps is lost, the wait for it to come back (in the
+        step, in gRPC's back-off, in a new session's start-up) has --connect_timeout."""
+        while True:
+            time.sleep(1)
+            if not all(is_listening(ps) for ps in self.cluster["ps"]):
+                self.ps_lost = True  # until the next step returns (after_run)
+            flag = "--connect_timeout: a ps was lost" if self.ps_lost else "--watchdog"
+            limit = self.args.connect_timeout if self.ps_lost else self.args.watchdog
+            if self.watching and time.time() > self.last_run + limit:
+                print("error: %s completed no step for %g s (%s): exiting, so that it can be "
+                      "restarted" % (self.role, limit, flag), file=sys.stderr, flush=True)
+                os._exit(2)  # sys.exit would wait for the stuck step
+
+    def wait_for_the_others(self, session):
+        """Before the chief's last checkpoint: this worker's local steps into the run's status;
+        the chief then waits until every other worker has finished, has closed its port while
+        TRAINING (lost), or, NOT_STARTED, has not started within --connect_timeout."""
+        self.watching = False
+        session.run(self.set_mine, {self.mine: [self.local_steps]})
+        workers, my_end = self.cluster["worker"], time.time()
+
+        def still_to_come():
+            late = time.time() > my_end + self.args.connect_timeout
+            self.status_seen = session.run(self.status)
+            return [k for k, s in enumerate(self.status_seen) if s == self.TRAINING and
+                    is_listening(workers[k]) or s == self.NOT_STARTED and not late]
+        if self.is_chief:
+            wait_for(lambda: not still_to_come(), waiting=lambda: "[worker0] waiting for "
+                     "worker(s) %s to finish" % ",".join(map(str, still_to_come())))
+
     def end(self, session):
-        """The chief's summary line, with the example's fields, once RunStatus has waited for
-        the others and CheckpointSaverHook has saved; then the run is over."""
-        worker = self.worker
-        if worker.is_chief:
-            status = worker.status_seen  # as RunStatus read it after its wait
-            self.step = int(session.run(worker.global_step))
+        """The chief's summary line, with the example's fields, once the others have finished and
+        CheckpointSaverHook has saved; then the run is over: every ps's flag raised."""
+        if self.is_chief:
+            self.step, status = int(session.run(self.global_step)), self.status_seen
             summary = dict(example=EXAMPLE)
-            for name, value in self.evaluate(session, self.step).items():  # what it saved
-                summary["test_" + name] = value
-            seconds = time.time() - self.start_time
-            rate = (self.step - self.timed_from_step) * self.minibatches_per_update / seconds
-            lost = [k for k, s in enumerate(status) if s in (worker.TRAINING, worker.NOT_STARTED)]
-            summary.update(global_step=self.step, workers=len(worker.cluster["worker"]),
-                           ps=len(worker.cluster["ps"]), lost_workers=len(lost),
-                           local_steps=[max(int(s), -1) for s in status],
-                           updates=self.step - self.start_step,
-                           timed_from_step=self.timed_from_step, timed_seconds=seconds,
-                           steps_per_sec=rate, examples_per_sec=rate * worker.args.batch_size)
+            summary.update(("test_" + n, v) for n, v in self.evaluate(session).items())
+            lost = sum(s < 0 for s in status)  # TRAINING or NOT_STARTED
+            if lost:
+                print("[worker0] %d worker(s) failed, were lost or never started" % lost)
+            seconds = time.time() - self.clock
+            summary.update(global_step=self.step, workers=len(status), ps=len(self.cluster["ps"]),
+                           lost_workers=lost, local_steps=[max(int(s), -1) for s in status],
+                           updates=self.step - self.start_step, steps_per_sec=(
+                               self.step - self.timed_from) * self.minibatches_per_update / seconds)
             for key, value in self.summary.items():  # a value, a tensor, or a function
                 value = value() if callable(value) else value
                 summary[key] = float(session.run(value)) if tf.is_tensor(value) else value
-            print_summary(worker.role, summary, self.history, worker.args.metrics_file)
+            print_summary(self.role, summary)
             self.writer.flush()
-            session.run(worker.end_run)  # the ps tasks end now
-        print("[%s] done: local_steps=%d" % (worker.role, worker.local_steps), flush=True)
-
-
-class ExampleHook(Hook):
-    """An example's own start-up, each_session(session), run in every new session (after a
-    restart too), and its own end, at_the_end(session), before the chief waits for the others:
-    a synchronous optimizer's start-up and the spare tokens that release its workers."""
-
-    def __init__(self, each_session, at_the_end=None):
-        self.each_session, self.at_the_end = each_session, at_the_end
-
-    def after_create_session(self, session, coord):
-        self.each_session(session)
-
-    def end(self, session):
-        if self.at_the_end:
-            self.at_the_end(session)
-
-
-class Watchdog(Hook):
-    """Once steps have begun, a worker that completes none for --watchdog seconds says so and
-    ends its process, for its restart policy to start it again: a step that a peer's restart
-    left waiting may never return, and nothing in TensorFlow interrupts it."""
-
-    def __init__(self, role, seconds):
-        self.role, self.seconds, self.last_step, self.watching = role, seconds, None, True
-
-    def after_run(self, run_context, run_values):
-        if self.last_step is None:  # the first step: the watch begins
-            threading.Thread(target=self.watch, daemon=True).start()
-        self.last_step = time.time()
-
-    def watch(self):
-        while self.watching:
-            time.sleep(1)
-            if self.watching and time.time() > self.last_step + self.seconds:
-                print("error: %s completed no step for %g s (--watchdog): exiting, so that it "
-                      "can be restarted" % (self.role, self.seconds), file=sys.stderr,
-                      flush=True)
-                os._exit(2)  # sys.exit would wait for the stuck step
-
-    def end(self, session):
-        self.watching = False
-# <<< shared: cluster and session
+            session.run(self.end_run)  # the ps tasks end now
+        print("[%s] done: local_steps=%d" % (self.role, self.local_steps), flush=True)
+# <<< shared: ps session
 
 
 if __name__ == "__main__":

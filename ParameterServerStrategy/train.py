@@ -67,10 +67,9 @@ Dataset = collections.namedtuple("Dataset", "x_train y_train x_test y_test num_c
 def load_dataset(data_path=""):
     """By default scikit-learn's 1797 handwritten 8x8 digits (offline; a fixed fifth to test),
     rows of 64 pixels in [0, 1], labels 0-9; or data_path's, checked below the banner."""
-    if data_path.endswith(".npz"):  # arrays (read_npz)
-        return Dataset(*read_npz(data_path))
-    if data_path:  # a folder of TFRecord files (read_records)
-        return read_records(data_path)
+    if data_path:  # an .npz (read_npz), or a folder of TFRecord files (read_records)
+        return Dataset(*read_npz(data_path)) if data_path.endswith(".npz") else read_records(
+            data_path)
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
     x, y = load_digits(return_X_y=True)
@@ -303,7 +302,8 @@ def parse_flags(argv, example_flags):
          "TFRecord files (tools/npz_to_tfrecord.py) (default: the digits)"),
         ("log_dir", str, "", "checkpoints and summaries; one that has them resumes"),
         ("seed", non_negative_int, 0, "seed of the initial weights and the shuffling"),
-        ("log_every", positive_int, 100, "progress (the chief's: test metrics) every N local steps"),
+        ("log_every", positive_int, 100, "a progress line (the chief's: with the test metrics) "
+         "every N local steps"),
     ]
     cluster = [
         ("job_name", str, "", "ps or worker (or set TF_CONFIG)"),

@@ -351,7 +351,8 @@ def parse_flags(argv, example_flags):
          "TFRecord files (tools/npz_to_tfrecord.py) (default: the digits)"),
         ("log_dir", str, "", "checkpoints and summaries; one that has them resumes"),
         ("seed", non_negative_int, 0, "seed of the initial weights and the shuffling"),
-        ("log_every", positive_int, 100, "progress (the chief's: test metrics) every N local steps"),
+        ("log_every", positive_int, 100, "a progress line (the chief's: with the test metrics) "
+         "every N local steps"),
     ]
     cluster = [
         ("job_name", str, "", "ps or worker (or set TF_CONFIG)"),

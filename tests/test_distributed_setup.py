@@ -75,8 +75,7 @@ def test_a_rerun_with_the_same_log_dir_resumes_from_the_checkpoint(run_example, 
 
 
 # --- The chief's session on a real in-process cluster: what TensorFlow's defaults get wrong -----
-def chief_run(module, cluster, server, *argv, last_step=10 ** 6, worker_class=None, hooks=(),
-              extra=lambda sgd: None):
+def chief_run(module, cluster, server, *argv, last_step=10 ** 6, hooks=(), extra=lambda sgd: None):
     """Distributed-Setup's chief in a graph of its own (a new process, as after a restart): its
     step on a fixed batch, its Worker and its MonitoredSession, the graph left as the default
     (as in train.py); extra(sgd) adds ops first. Returns (sgd, worker, session, extra's)."""
@@ -89,8 +88,8 @@ def chief_run(module, cluster, server, *argv, last_step=10 ** 6, worker_class=No
     with tf.compat.v1.device(tf.compat.v1.train.replica_device_setter(
             cluster=cluster, worker_device="/job:worker/task:0")):
         sgd = module.build_sgd(args, *fixed_batch())
-    worker = (worker_class or module.Worker)(
-        args, cluster, lambda x, y: module.model_metrics(sgd.params, x, y), data)
+    worker = module.Worker(args, cluster, lambda x, y: module.model_metrics(sgd.params, x, y),
+                           data)
     added = extra(sgd)
     session = worker.session(server, sgd.loss, sgd.step, last_step=last_step, hooks=hooks)
     return sgd, worker, session, added
@@ -145,26 +144,26 @@ def chief_args(module, tmp_path):
 
 def test_a_first_session_lost_to_a_restart_still_starts_the_clock_and_ends_the_run(
         tmp_path, capsys, graph_mode):
-    # a ps restarting while the chief starts: its first session is lost (Aborted) and
-    # MonitoredSession makes another, the first that works; the run then trains and ends
+    # a ps restarting as the chief starts: its first session is lost before its first step
+    # (Aborted), and MonitoredSession makes another, the first that takes a step; the run then
+    # starts, trains and ends
     from support.in_process import in_process_cluster
     module = load_train_module("Distributed-Setup")
     tf = module.tf
     cluster, (server,) = in_process_cluster()
 
-    class FirstSessionLost(module.Worker):
-        def create_session(self):
-            if not getattr(self, "lost_one", False):
-                self.lost_one = True
+    class LostAtTheStart(module.Hook):
+        def after_create_session(self, session, coord):
+            if not self.lost:
+                self.lost = True
                 raise tf.errors.AbortedError(None, None, "a ps restarted as the chief started")
-            return super().create_session()
     sgd, worker, session, _ = chief_run(module, cluster, server, "--log_dir", str(tmp_path),
-                                     last_step=20, worker_class=FirstSessionLost)
+                                        last_step=20, hooks=[LostAtTheStart(lost=False)])
     with session:
         while not session.should_stop():
             session.run(sgd.step)
     out = capsys.readouterr().out
-    assert out.count("[worker0] training started") == 1, out
+    assert worker.sessions == 2 and out.count("[worker0] training started") == 1, out
     summary = [l for l in out.splitlines() if "] summary " in l]
     assert len(summary) == 1 and "global_step=20 " in summary[0] and "updates=20 " in summary[0]
 

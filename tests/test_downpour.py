@@ -7,6 +7,7 @@ import tensorflow as tf
 
 from support.examples import load_train_module
 from support.in_process import (assert_same, differs, fixed_batch, flags, in_process_cluster,
+                                monitored_session_of,
                                 one_worker_session, values, worker_config)
 
 downpour = load_train_module("DOWNPOUR")
@@ -138,9 +139,8 @@ def test_downpour_workers_start_from_the_ps_values_through_the_session_barrier(t
         args = flags(downpour, "--task_index", str(worker), "--log_dir", str(tmp_path), *argv)
         with tf.Graph().as_default():
             ops = downpour.build_downpour(args, cluster, *fixed_batch())
-            test_set = (np.zeros((2, 5), np.float32), np.zeros(2, np.int64))
-            run = downpour.Worker(args, cluster, lambda x, y: {}, test_set)
-            session = downpour.StartOrRejoin(run, workers[worker]).create_session()
+            _, session = monitored_session_of(downpour, args, cluster, workers[worker], ops.loss,
+                                              ops.push_and_pull)
         return ops, session
     ready, failed = {}, []
 

@@ -332,15 +332,20 @@ def test_a_malformed_data_file_is_refused_in_one_line_before_tensorflow_loads(
 
 
 # --- A Keras model ------------------------------------------------------------------------------
-def run_keras(example, script, timeout=120):
+def run_keras(tmp_path, script, timeout=120):
     """script run in a process of its own with the user's Keras (the tests' processes skip it),
-    the example's train.py loaded as `module` and TensorFlow as `tf`; returns its stdout."""
+    `module` a copy of DOWNPOUR whose Model section is docs/own-model.md's Keras recipe, with its
+    adapter, and TensorFlow as `tf`; returns its stdout."""
     from support.examples import ROOT
+    folder = str(tmp_path / "keras-copy")
+    copy_with_own_data_and_model("DOWNPOUR", folder, dict(data=None, model=KERAS_CONV_MODEL))
     env = {k: v for k, v in dict(os.environ, **USERS_ENVIRONMENT).items() if v is not None}
     env["PYTHONPATH"] = os.pathsep.join([os.path.join(ROOT, "tests")] + [
         p for p in [env.get("PYTHONPATH")] if p])
-    prelude = ("import numpy as np\nfrom support.examples import load_train_module\n"
-               "module = load_train_module(%r)\ntf = module.tf\n" % example)
+    prelude = ("import numpy as np\nimport tensorflow as tf\n"
+               "from support.examples import load_module\n"
+               "module = load_module(%r, 'keras_copy')\nmodule.tf = tf\n"
+               % os.path.join(folder, "train.py"))
     proc = subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(script)], env=env,
                           capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -384,8 +389,8 @@ with tf.Graph().as_default():
 '''
 
 
-def test_keras_logits_takes_each_weight_by_its_name_and_checks_its_shape():
-    out = run_keras("DOWNPOUR", NESTED_KERAS_MODEL)
+def test_keras_logits_takes_each_weight_by_its_name_and_checks_its_shape(tmp_path):
+    out = run_keras(tmp_path, NESTED_KERAS_MODEL)
     lines = dict(line.split(": ", 1) for line in out.splitlines() if ": " in line)
     # the case in question: the order of model.weights is not the order the weights were made
     assert lines["weights"].split()[:2] == ["block/scale", "block/kernel"], out
@@ -411,9 +416,9 @@ TRAINING_ONLY = {
 
 
 @pytest.mark.parametrize("kind", sorted(TRAINING_ONLY))
-def test_a_keras_model_that_acts_otherwise_in_training_is_refused_in_one_line(kind):
+def test_a_keras_model_that_acts_otherwise_in_training_is_refused_in_one_line(kind, tmp_path):
     layer, says = TRAINING_ONLY[kind]
-    out = run_keras("DOWNPOUR", '''
+    out = run_keras(tmp_path, '''
         import contextlib, io
         import tf_keras as keras
         for layer in ("keras.layers.Dropout(0.0)", %r):  # no dropout at all, then the one refused

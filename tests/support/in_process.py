@@ -45,6 +45,18 @@ def tiny_records(folder, features=5, examples=4):
     return folder
 
 
+def monitored_session_of(module, args, cluster, server, loss, update):
+    """An example's Worker (args.task_index's) and the session its MonitoredSession made on
+    server, as train() makes them (the chief initialises or restores, the others wait for it),
+    with a TFRecord test set (tiny_records). Returns (worker, the raw session)."""
+    import os
+    args.job_name = "worker"
+    args.connect_timeout = args.connect_timeout or 30.0
+    data = module.read_records(tiny_records(os.path.join(args.log_dir, "records")))
+    worker = module.Worker(args, cluster, lambda x, y: {}, data)
+    return worker, worker.session(server, loss, update)._tf_sess()
+
+
 def flags(module, *argv):
     """An example's parsed flags, as its main() would parse them (a small model for speed)."""
     return module.parse_flags(["--hidden", "8"] + list(argv), module.example_flags)
