@@ -384,7 +384,7 @@ def test_a_killed_worker_costs_one_bounded_wait_and_the_chief_trains_on(tmp_path
     # every generation was closed, and the chief waited for the lost worker once or so
     assert summary["lost_workers"] == "1" and summary["global_step"] == "1000", summary
     assert 1 <= int(summary["short_generations"]) <= 3, summary
-    assert "[worker0] worker(s) 1 failed or were lost" in run.output
+    assert "[worker0] 1 worker(s) failed, were lost or never started" in run.output
     assert "[run.sh] failed: worker1 (exit 137)" in run.output  # run.sh names the lost worker
     assert_nothing_left(str(tmp_path))
 

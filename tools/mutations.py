@@ -30,8 +30,8 @@ def node(path, *tests):
 
 # the chief's restore at a resume, as the appendix of Distributed-Setup and Evolution-Strategies
 # writes it, and a restore of the global step alone over freshly initialised variables
-RESTORE = "                self.saver.restore(session, checkpoint)\n"
-RESTORE_ONLY_THE_STEP = ("                session.run(self.initialise)\n"
+RESTORE = "            saver.restore(session, checkpoint) if checkpoint else session.run(init)\n"
+RESTORE_ONLY_THE_STEP = ("            session.run(init)\n            if checkpoint:\n"
                          "                self.global_step.load("
                          "tf.train.load_variable(checkpoint, 'global_step'), session)\n")
 ELASTIC = "tests/test_examples_end_to_end.py::test_the_chief_evaluates_the_centre_not_its_own_copy"
@@ -72,8 +72,8 @@ MUTATIONS = [
              node(DATA_FILES, "test_each_worker_reads_only_its_own_files_and_together_they_read_"
                   "every_example"), None),
     Mutation("An .npz: every worker trains on the whole set", "Distributed-Setup/train.py",
-             "shard = lambda: (pixels[worker_index::num_workers], y[worker_index::num_workers])",
-             "shard = lambda: (pixels, y)",
+             "examples = arrays_in_batches(x[worker_index::num_workers], y[worker_index::num_workers],",
+             "examples = arrays_in_batches(x, y,",
              node(DATA_FILES, "test_an_npz_reaches_each_worker_as_its_own_shard_and_never_as_a_"
                   "constant_of_the_graph"), None),
     Mutation("ParameterServerStrategy's traced dataset function: arrays of any size a constant",
@@ -123,8 +123,8 @@ MUTATIONS = [
              node(OWN_MODEL, "test_docs_keras_recipe_trains_a_copy_on_the_digits_saved_as_images_"
                   "offline"), None),
     Mutation("TFRecord test files: the last, smaller batch dropped", "Distributed-Setup/train.py",
-             ".batch(size).map(parse_records(data))",
-             ".batch(size, drop_remainder=True).map(parse_records(data))",
+             ".batch(size).map(parse_records(self))",
+             ".batch(size, drop_remainder=True).map(parse_records(self))",
              node(DATA_FILES, "test_the_test_files_stream_in_batches_of_the_size_asked_holding_"
                   "the_whole_test_set"), None),
     Mutation("An .npz's integer pixels reach the model unscaled", "Distributed-Setup/train.py",
@@ -149,42 +149,24 @@ MUTATIONS = [
                   "epoch_and_every_session"), None),
     Mutation("A new session replays the mini-batches the run began with",
              "Distributed-Setup/train.py",
-             "start_the_data(session, worker.started_at)",
+             "start_the_data(session, self.step)",
              "start_the_data(session, 0)",
              node(DATA_FILES, "test_a_restarted_chief_does_not_replay_the_mini_batches_the_run_"
                   "began_with"), None),
-    Mutation("TFRecord files of two writes, or of a write not whole, read as one",
-             "Distributed-Setup/train.py",
-             "if len(totals) != 1 or not totals[0].isdigit() or int(totals[0]) != len(files):",
-             "if False:",
-             node(DATA_FILES, "test_a_folder_holding_shards_of_two_writes_is_refused_in_one_line",
-                  "test_training_files_that_are_not_one_whole_write_are_refused_in_one_line"),
-             None),
-    Mutation("A glob's test files taken as training files", "Distributed-Setup/train.py",
-             "    if tested:  # a glob", "    if False:  # a glob",
-             node(DATA_FILES,
-                  "test_training_files_that_are_not_one_whole_write_are_refused_in_one_line"),
-             None),
-    Mutation("TFRecord files that hold fewer examples than meta.json counts",
-             "Distributed-Setup/train.py",
-             'if meta.get(part + "_examples", counts[part]) != counts[part]:', "if False:",
-             node(DATA_FILES,
-                  "test_training_files_that_are_not_one_whole_write_are_refused_in_one_line"),
-             None),
-    Mutation("Keras (the appendix): a Dropout layer taken, and run as at test",
-             "DOWNPOUR/train.py", 'getattr(layer, rate, 0) for rate in ("rate", "dropout"',
+    Mutation("Keras (docs/own-model.md's adapter): a Dropout layer taken, and run as at test",
+             "docs/own-model.md", 'getattr(layer, rate, 0) for rate in ("rate", "dropout"',
              'getattr(layer, rate, 0) for rate in ("dropout"', KERAS_REFUSED, None),
-    Mutation("Keras (the appendix): weights not trained by gradients handed out to train",
-             "DOWNPOUR/train.py", "        if layer.non_trainable_weights and not list(",
+    Mutation("Keras (docs/own-model.md's adapter): weights not trained by gradients handed out to train",
+             "docs/own-model.md", "        if layer.non_trainable_weights and not list(",
              "        if False and not list(", KERAS_REFUSED, None),
-    Mutation("Keras (the appendix): a regulariser's losses left out of the loss, silently",
-             "DOWNPOUR/train.py", "    if model.losses:\n", "    if False:\n", KERAS_REFUSED,
+    Mutation("Keras (docs/own-model.md's adapter): a regulariser's losses left out of the loss, silently",
+             "docs/own-model.md", "    if model.losses:\n", "    if False:\n", KERAS_REFUSED,
              None),
-    Mutation("Keras (the appendix): a copy takes the dict's weights by their place",
-             "DOWNPOUR/train.py", "        return params[found[0]]\n",
+    Mutation("Keras (docs/own-model.md's adapter): a copy takes the dict's weights by their place",
+             "docs/own-model.md", "        return params[found[0]]\n",
              "        return list(params.values())[len(taken) - 1]\n", KERAS_BY_NAME, None),
-    Mutation("Keras (the appendix): a copy takes a weight of another shape",
-             "DOWNPOUR/train.py",
+    Mutation("Keras (docs/own-model.md's adapter): a copy takes a weight of another shape",
+             "docs/own-model.md",
              "        if not shape.is_compatible_with(params[found[0]].shape):", "        if False:",
              KERAS_BY_NAME, None),
     Mutation("EASGD: alpha's sign flipped (the worker moves away from the centre)",
@@ -264,11 +246,41 @@ MUTATIONS = [
              "saver=self.saver, checkpoint_dir=args.log_dir,",
              node("tests/test_distributed_setup.py", "test_a_restarted_chief_resumes_at_the_ps_"
                   "global_step_where_tensorflow_would_roll_back"), None),
-    Mutation("Distributed-Setup (the appendix): TensorFlow's hooks read the global step from the "
-             "ps at every run (Progress no longer feeds them the last update's)",
-             "Distributed-Setup/train.py", "seen = {worker.step_seen: self.step}", "seen = {}",
-             node("tests/test_distributed_setup.py", "test_the_hooks_get_the_global_step_the_last_"
-                  "update_returned_not_a_read_of_the_ps"), None),
+    Mutation("Distributed-Setup (the appendix): the run starts only if its first session "
+             "came up (a first session lost to a restart leaves the clock unset)",
+             "Distributed-Setup/train.py", "        if self.start_step is None:",
+             "        if self.sessions == 1:",
+             node("tests/test_distributed_setup.py", "test_a_first_session_lost_to_a_restart_"
+                  "still_starts_the_clock_and_ends_the_run"), None),
+    Mutation("Distributed-Setup (the appendix): the watchdog counts the wait for a lost ps",
+             "Distributed-Setup/train.py",
+             "limit = self.args.connect_timeout if self.ps_lost else self.args.watchdog",
+             "limit = self.args.watchdog",
+             node("tests/test_plumbing.py", "test_the_watchdog_leaves_alone_a_worker_that_waits_"
+                  "for_its_ps_to_come_back"), None),
+    Mutation("Distributed-Setup (the appendix): a step retried in a session that finds the run "
+             "over runs again (MonitoredSession's default)", "Distributed-Setup/train.py",
+             "        if self.over:\n            raise tf.errors.OutOfRangeError",
+             "        if False:\n            raise tf.errors.OutOfRangeError",
+             node("tests/test_distributed_setup.py", "test_an_update_retried_in_a_new_session_"
+                  "that_finds_the_run_over_is_not_run_again"), None),
+    Mutation("Distributed-Setup (the appendix): one ps of several restarted, every ps restored "
+             "(the live ones rolled back)", "Distributed-Setup/train.py",
+             "        for ps, saver, init in lost:",
+             "        for ps, saver, init in lost and [(p, s, i) for p, _, s, i in self.by_ps]:",
+             node("tests/test_distributed_setup.py", "test_with_two_ps_a_ps_that_lost_its_"
+                  "variables_gets_them_back_and_the_other_keeps_its_own"), None),
+    Mutation("TFRecord files: a worker's files and records in the same order every epoch",
+             "Distributed-Setup/train.py",
+             "files.shuffle(len(data.train_files), seed=seed).interleave(\n"
+             "        tf.data.TFRecordDataset, cycle_length=4, num_parallel_calls=tf.data.AUTOTUNE)\n"
+             "    records = records.shuffle(10000, seed=seed)",
+             "files.shuffle(len(data.train_files), seed=seed, reshuffle_each_iteration=False"
+             ").interleave(\n"
+             "        tf.data.TFRecordDataset, cycle_length=4, num_parallel_calls=tf.data.AUTOTUNE)\n"
+             "    records = records.shuffle(10000, seed=seed, reshuffle_each_iteration=False)",
+             node(DATA_FILES, "test_every_epoch_of_a_workers_tfrecord_files_comes_in_a_new_"
+                  "order"), None),
     Mutation("DOWNPOUR (the appendix): the workers check for the chief every 30 s, "
              "WorkerSessionCreator's default", "DOWNPOUR/train.py",
              "recovery_wait_secs=1)", "recovery_wait_secs=30)",
@@ -281,7 +293,8 @@ MUTATIONS = [
                   "test_a_rerun_resumes_from_the_chiefs_checkpoint_with_every_copy_alike"), None),
     Mutation("Evolution-Strategies: a restarted chief taken back (its checkpoint is older than "
              "the workers' copies)", "Evolution-Strategies/train.py",
-             "data, rejoins=args.task_index > 0)", "data, rejoins=True)",
+             "        if args.task_index == 0 and worker.rejoining:",
+             "        if False:",
              node(ES_TESTS, "test_a_restarted_chief_is_refused_in_one_line"), None),
     Mutation("Evolution-Strategies: a worker takes the first copy handed over, whoever asked",
              "Evolution-Strategies/train.py", "    while taken not in (ticket, LAST_COPY):\n",
@@ -315,12 +328,13 @@ MUTATIONS = [
                   "are_current"), None),
     Mutation("Distributed-Setup (the appendix): the test metrics' last, uneven batch weighed "
              "as 1000 examples", "Distributed-Setup/train.py",
-             "totals[name] += value * len(feed[x])", "totals[name] += value * 1000",
+             "totals.update({name: value * size for", "totals.update({name: value * 1000 for",
              TEST_METRICS, None),
     Mutation("Distributed-Setup (the appendix): the test metrics, a mean of the batches' means",
              "Distributed-Setup/train.py",
-             "totals[name] += value * len(feed[x])\n        examples += len(feed[x])",
-             "totals[name] += value\n        examples += 1", TEST_METRICS, None),
+             "{name: value * size for name, value in metrics.items()})\n        examples += size",
+             "{name: value for name, value in metrics.items()})\n        examples += 1",
+             TEST_METRICS, None),
     Mutation("DOWNPOUR: pushes the mean of the gradients, not the sum", "DOWNPOUR/train.py",
              "[(a.read_value(), p) for a, p in", "[(a.read_value() / args.window, p) for a, p in",
              "tests/test_downpour.py", RULE),
