@@ -39,6 +39,7 @@ def example_flags(parser):
 
 
 # --- Data (replace with your own) -----------------------------------------------------------------
+# >>> shared: local data
 Dataset = collections.namedtuple("Dataset", "x_train y_train x_test y_test num_classes x_scale",
                                  defaults=[1.0])  # x_scale: integer pixels are divided by it
 
@@ -61,6 +62,7 @@ def training_dataset(data, batch_size, worker_index, num_workers, seed):
     """This worker's endless stream of mini-batches: its own shard, reshuffled every epoch."""
     ds = arrays_dataset(data.x_train, data.y_train, worker_index, num_workers, seed, data.x_scale)
     return ds.repeat().batch(batch_size, drop_remainder=True).prefetch(2)
+# <<< shared: local data
 
 
 # >>> shared: graph batches

@@ -24,7 +24,8 @@ from support.processes import assert_nothing_left
 from support.runs import finish, start_run_sh
 
 BANNER = "# Plumbing shared by every example"
-DATA_BLOCK = re.compile(r"^# >>> shared: data\n.*?^# <<< shared: data\n", re.S | re.M)
+DATA_BLOCK = re.compile(r"^# >>> shared: (local )?data\n.*?^# <<< shared: (local )?data\n",
+                        re.S | re.M)  # the baseline's is its own: no TFRecord files
 MODEL_BLOCK = re.compile(r"^# >>> shared: model\n.*?^# <<< shared: model\n", re.S | re.M)
 
 # (a) float features with negative values: the digits standardised (mean 0, sd 1 per pixel)
