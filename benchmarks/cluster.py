@@ -38,7 +38,10 @@ task's role ([ps0], [worker1]) and the tool's own lines with [cluster]. After th
 report: the bytes each host sent and received, the bytes per mini-batch, and with a bandwidth
 set, the bandwidth bound (the mini-batches per second the busiest link allows, were it busy all
 the time) and how close the run came to it. The last line, `[cluster] summary key=value ...`,
-holds the same figures for scripts; --metrics_file writes them as JSON as well.
+holds the same figures for scripts. --metrics_file writes a JSON of the chief's metrics, read
+from its summary line and its TensorBoard events in --log_dir (benchmarks/example_runs.py,
+metrics_of: the summary's fields and the history of its test metrics), with this report under
+"cluster".
 
 The tasks are the ones the example's TF_CONFIG names (deploy/manifests.py reads them from its
 train.py): ps and workers for the parameter-server examples, whose chief is worker 0; for
@@ -83,6 +86,7 @@ import threading
 import time
 
 from command_line import error, format_rate, parse_rate  # the one-line error, link rates
+import example_runs  # the chief's summary line and TensorBoard events, read
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "deploy"))
@@ -442,6 +446,7 @@ class Console(object):
         self.verbose, self.lock = verbose, threading.Lock()
         self.global_step = 0  # the highest any task has reported: what ROLE@stepN waits for
         self.back = set()  # the roles that have said BACK since they last started
+        self.summaries = []  # the tasks' summary lines: the chief's, at its end
 
     def line(self, role, text):
         if not text.startswith("[%s] " % role):  # train.py labels its own lines already
@@ -463,6 +468,8 @@ class Console(object):
                 self.global_step = max(self.global_step, int(reported.group(1)))
             if self.BACK.search(text):
                 self.back.add(role)
+            if "] summary " in text:
+                self.summaries.append(text)
             if self.verbose or not self.CHATTER.match(text):
                 self.line(role, text)
 
@@ -687,13 +694,14 @@ def megabytes(n):
     return "%.2f MB" % (n / 1e6)
 
 
-def traffic_report(roles, before, after, metrics, rate):
+def traffic_report(roles, before, after, summary, rate):
     """Bytes per host and per mini-batch, the busiest link, and the bandwidth bound.
 
     The bound: the busiest link must carry its bytes in its busier direction, which takes at
     least bytes / rate; all the run's mini-batches in that time is the most the bandwidth allows.
     The bytes include the set-up, evaluations and shutdown; the achieved rate (the chief's
     steps_per_sec) counts only the training loop, so the fraction is if anything too high.
+    summary: the chief's summary line's fields (None: it printed none).
     """
     hosts = {}
     for role in roles:
@@ -704,14 +712,14 @@ def traffic_report(roles, before, after, metrics, rate):
               "total_bytes": sum(h["sent_bytes"] for h in hosts.values()),
               "busiest_link": {"host": busiest[1], "direction": busiest[2].split("_")[0],
                                "bytes": busiest[0]}}
-    if metrics and (metrics.get("local_steps") or metrics.get("mini_batches")):
+    if summary and (summary.get("local_steps") or summary.get("mini_batches")):
         # computed by the workers over the whole run, a lost worker's count -1; a coordinator
         # that does not know which worker ran a step (Keras-Fit's) counts them all
-        mini_batches = (sum(s for s in metrics["local_steps"] if s > 0)
-                        if metrics.get("local_steps") else metrics["mini_batches"])
+        mini_batches = (sum(s for s in summary["local_steps"] if s > 0)
+                        if summary.get("local_steps") else summary["mini_batches"])
         report["mini_batches"] = mini_batches
         report["bytes_per_mini_batch"] = report["total_bytes"] / max(mini_batches, 1)
-        report["mini_batches_per_sec"] = metrics.get("steps_per_sec")
+        report["mini_batches_per_sec"] = summary.get("steps_per_sec")
         if rate and busiest[0] > 0:
             report["bound_seconds"] = busiest[0] * 8.0 / rate
             report["bound_mini_batches_per_sec"] = mini_batches / report["bound_seconds"]
@@ -900,8 +908,9 @@ def parser():
                    help="passed to train.py: checkpoints and TensorBoard summaries (default: a "
                         "temporary folder, deleted at the end)")
     p.add_argument("--metrics_file", default="",
-                   help="JSON file to write: the chief's metrics (train.py's --metrics_file, "
-                        "passed through) plus this tool's report under the key 'cluster'; "
+                   help="JSON file to write: the chief's metrics (its summary line's fields and "
+                        "the history of its test metrics, from its TensorBoard events in "
+                        "--log_dir) plus this tool's report under the key 'cluster'; "
                         "overwritten (default: none)")
     p.add_argument("--subnet", type=ipaddress.ip_network, default=DEFAULT_SUBNET,
                    help="IPv4 subnet of the hosts' addresses; must be unused on this machine "
@@ -956,10 +965,10 @@ def run_cluster(args, train_py, train_args, counts):
     roles = [t.role for t in tasks]
     scratch = tempfile.mkdtemp(prefix="dtfg-cluster-")
     log_dir = os.path.abspath(args.log_dir) if args.log_dir else os.path.join(scratch, "logs")
-    metrics_file = os.path.abspath(args.metrics_file or os.path.join(scratch, "metrics.json"))
-    if args.metrics_file and os.path.exists(metrics_file):
+    metrics_file = os.path.abspath(args.metrics_file) if args.metrics_file else None
+    if metrics_file and os.path.exists(metrics_file):
         os.remove(metrics_file)  # a failed run must not leave an earlier run's figures behind
-    train_args = list(train_args) + ["--log_dir", log_dir, "--metrics_file", metrics_file]
+    train_args = list(train_args) + ["--log_dir", log_dir]
     status, network, quotas = 1, None, None
 
     def clean_up():
@@ -1002,17 +1011,16 @@ def run_cluster(args, train_py, train_args, counts):
         after = {role: network.counters(role) for role in roles}
         status = 1 if failed else 0
         console.say("failed: %s" % ", ".join(failed) if failed else "all processes finished")
-        metrics = None
-        if os.path.exists(metrics_file):
-            with open(metrics_file) as f:
-                metrics = json.load(f)
-        report = traffic_report(roles, before, after, metrics, args.bandwidth)
+        chief_output = "\n".join(console.summaries)
+        report = traffic_report(roles, before, after, example_runs.summary_fields(chief_output),
+                                args.bandwidth)
         report["cpus_per_host"] = args.cpus or "shared"
         if quotas:  # what each host used of its quota
             for role in roles:
                 report["cpu_seconds_" + role] = round(quotas.cpu_seconds(role), 3)
         print_report(console, report, status)
-        if args.metrics_file and metrics is not None:
+        metrics = example_runs.metrics_of(chief_output, log_dir) if metrics_file else None
+        if metrics is not None:
             metrics["cluster"] = dict(report, exit=status, namespaces=network.prefix + "-*")
             with open(metrics_file, "w") as f:
                 json.dump(metrics, f, indent=1)

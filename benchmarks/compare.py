@@ -41,7 +41,8 @@ import published_tables  # the figures reach the READMEs only through here
 import command_line  # link rates and the one-line error
 import example_runs  # how this benchmark runs an example and reads its metrics
 import problems  # benchmarks/problems.py: the digits or MNIST-1D
-from example_runs import BASELINE, line_style, time_to_target
+from example_runs import (BASELINE, examples_per_sec, line_style, mini_batches_per_sec,
+                          time_to_target)
 
 
 PROBLEM_NAMES = {"digits": "the digits", "mnist1d": "MNIST-1D"}
@@ -60,11 +61,11 @@ def write_table(path, runs, args):
         accuracies = [m["test_accuracy"] for m in repeats]
         reach = median_or_none([time_to_target(m, args.target) for m in repeats])
         stale = median_or_none([m.get("mean_staleness") for m in repeats])
-        examples_per_sec = statistics.median(m["examples_per_sec"] for m in repeats)
+        rate = statistics.median(mini_batches_per_sec(m) for m in repeats)
         lines.append("| %s | %d | %.3f (%.3f-%.3f) | %s | %.0f | %.0f | %d | %s |" % (
             example, repeats[0]["workers"], statistics.median(accuracies), min(accuracies),
             max(accuracies), "not reached" if reach is None else "%.1f" % reach,
-            examples_per_sec / args.batch_size, examples_per_sec,
+            rate, rate * args.batch_size,
             statistics.median(m["global_step"] for m in repeats),
             "n/a" if stale is None else "%.2f" % stale))
     lines.append("")
@@ -128,13 +129,13 @@ def plot_final_accuracy(path, results, args):
     plt.close(fig)
 
 
-def plot_scaling(path, scaling, worker_counts, target):
+def plot_scaling(path, scaling, worker_counts, target, batch_size):
     plt = example_runs.pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.5))
     for i, (example, by_workers) in enumerate(scaling.items()):
         counts = [w for w in worker_counts if w in by_workers]
-        left.plot(counts, [by_workers[w]["examples_per_sec"] for w in counts], label=example,
-                  **line_style(i))
+        left.plot(counts, [examples_per_sec(by_workers[w], batch_size) for w in counts],
+                  label=example, **line_style(i))
         right.plot(counts, [by_workers[w]["test_accuracy"] for w in counts], label=example,
                    **line_style(i))
     for ax, label in ((left, "examples/s (all workers)"), (right, "final test accuracy")):
@@ -200,7 +201,8 @@ def main(argv=None):
         published_tables.publish(example_runs.section("compare.py", args), table, readmes)
     plot_accuracy(os.path.join(args.out, "accuracy.png"), results, args)
     plot_final_accuracy(os.path.join(args.out, "final_accuracy.png"), results, args)
-    plot_scaling(os.path.join(args.out, "scaling.png"), scaling, worker_counts, args.target)
+    plot_scaling(os.path.join(args.out, "scaling.png"), scaling, worker_counts, args.target,
+                 args.batch_size)
     if len(worker_counts) > 1:
         print(write_workers_table(os.path.join(args.out, "workers.md"), scaling, worker_counts))
     print("\nwrote results.md, accuracy.png, final_accuracy.png and scaling.png to %s in %.0f s"

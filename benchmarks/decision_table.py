@@ -150,7 +150,7 @@ def record(row, rate_label, bits, repeat, seed, learning_rate, metrics, wall_sec
                         for s, step, accuracy in (h[:3] for h in metrics["history"])],
                test_accuracy=metrics["test_accuracy"],
                mini_batches_per_sec=metrics["steps_per_sec"],
-               timed_seconds=metrics.get("timed_seconds"),
+               timed_seconds=example_runs.timed_seconds(metrics),
                mini_batches=report.get("mini_batches", metrics.get("global_step")),
                busiest_bytes=report.get("busiest_link", {}).get("bytes"),
                busiest_both=max((h["sent_bytes"] + h["received_bytes"]

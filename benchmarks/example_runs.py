@@ -1,16 +1,19 @@
 """How most benchmarks run an example and read its results: compare.py, bandwidth.py,
 window_sweep.py, scaling.py, ps_sweep.py and pipeline.py (sparse_embeddings.py takes only its
 command line). throughput.py and stragglers.py start the example's run.sh themselves: one
-example on localhost, its metrics file read back. compression.py, step_anatomy.py and
+example on localhost, its summary line read back. compression.py, step_anatomy.py and
 gpu_check.py build an example's graph in their own process instead (load_example).
 
 A run is either the example's own run.sh on localhost, what a user runs first, or
 benchmarks/cluster.py, every task a host of its own behind links of a given rate. Either way
 its output goes to --out/logs/<tag>.log (the first line is the command) and the chief's
 metrics to --out/logs/<tag>.json, which --from_logs reads back to redraw the tables and plots
-without training again.
+without training again. The metrics are what the chief's summary line and its TensorBoard
+events say (metrics_of, the one reader of a run's results; cluster.py writes them with its own
+report), nothing an example writes for the benchmarks alone.
 """
 import argparse
+import glob
 import importlib.util
 import json
 import os
@@ -116,10 +119,13 @@ def load_example(example, name="train"):
 
 def on_the_digits(example):
     """Whether an example trains on the digits, the problem the benchmarks compare on: its
-    train.py carries the shared data block. Sparse-Embeddings has clicks of its own, another
-    model and another measure (AUC), and benchmarks/sparse_embeddings.py of its own."""
+    train.py carries the shared data block, or the baseline's way in, the shared npz block
+    alone (the digits by default, --data_path's .npz otherwise). Sparse-Embeddings has clicks
+    of its own, another model and another measure (AUC), and benchmarks/sparse_embeddings.py of
+    its own."""
     with open(os.path.join(ROOT, example, "train.py")) as f:
-        return "# >>> shared: data\n" in f.read()
+        text = f.read()
+    return "# >>> shared: data\n" in text or "# >>> shared: npz\n" in text
 
 
 def select_examples(text):
@@ -216,18 +222,18 @@ def run_example(example, workers, args, tag, train_args=(), bandwidth=None, who=
     if args.data_path:  # MNIST-1D (make_data set it); the examples' own Data stays the digits
         common += ["--data_path", args.data_path]
     common += list(train_args)
-    own = ["--log_dir", tensorboard, "--metrics_file", metrics_path]
     env, timeout = dict(os.environ), args.timeout
     if bandwidth is None:
-        command = ["bash", os.path.join(ROOT, example, "run.sh")] + common + own
+        command = (["bash", os.path.join(ROOT, example, "run.sh")] + common
+                   + ["--log_dir", tensorboard])
         env["NUM_WORKERS"] = str(workers)
         if ps:
             env["NUM_PS"] = str(ps)
-    else:  # cluster.py bounds the run itself, and then removes what it made
+    else:  # cluster.py bounds the run, writes the metrics with its report, removes what it made
         command = ([sys.executable, CLUSTER_PY, example, "--workers", str(workers),
                     "--bandwidth", bandwidth, "--timeout", str(args.timeout)]
                    + (["--cpus", str(cpus)] if cpus else []) + (["--ps", str(ps)] if ps else [])
-                   + own
+                   + ["--log_dir", tensorboard, "--metrics_file", metrics_path]
                    + ["--"] + common)
         timeout += STOP_SECS
     for attempt in (1, 2):  # a run that fails is run once more: a rare transient can end one
@@ -242,15 +248,24 @@ def run_example(example, workers, args, tag, train_args=(), bandwidth=None, who=
                 print("%s: interrupted: stopped %s's run (its log: %s)" % (who, example, log_path),
                       file=sys.stderr, flush=True)
                 sys.exit(128 + signal.SIGINT)
-        if code == 0 and os.path.exists(metrics_path):
+        if code == 0 and bandwidth is None:
+            metrics = recorded_metrics(log_path, tensorboard, metrics_path)
+            if metrics is not None:
+                return metrics
+        elif code == 0 and os.path.exists(metrics_path):
             return read_metrics(metrics_path)
         if code is None and timeout_is_a_result:
             print("%s: %s with %d worker(s) overran %.0f s: not reached (its log: %s)"
                   % (who, example, workers, timeout, log_path), file=sys.stderr, flush=True)
             return None
+        if code is None:
+            why = "timed out after %.0f s" % timeout
+        elif code == 0:
+            why = "exit 0, but no summary line from the chief"
+        else:
+            why = "exit %d" % code
         failure = "%s: %s with %d worker(s)%s failed (%s); see %s" % (
-            who, example, workers, "" if bandwidth is None else " at " + bandwidth,
-            "timed out after %.0f s" % timeout if code is None else "exit %d" % code, log_path)
+            who, example, workers, "" if bandwidth is None else " at " + bandwidth, why, log_path)
         if attempt == 2:
             sys.exit(failure)
         failed_log = log_path[:-len(".log")] + "-failed.log"
@@ -288,6 +303,119 @@ def read_metrics(path):
         return json.load(f)
 
 
+# --- What a run left: the chief's summary line and its TensorBoard events ------------------------
+LIST_FIELDS = ("local_steps", "stage_busy")  # lists even with one worker or one stage
+
+
+def summary_fields(output):
+    """The chief's summary line, the last `[ROLE] summary key=value ...` line of output (a
+    cluster.py run's own `[cluster] summary` left out), as a dict: whole numbers as int, other
+    numbers as float, comma-separated values (and LIST_FIELDS always) as lists, anything else as
+    text. None where output has no summary line: the run failed before its end."""
+    lines = [line for line in output.splitlines()
+             if "] summary " in line and not line.startswith("[cluster] ")]
+    if not lines:
+        return None
+
+    def value(text):
+        for kind in (int, float):
+            try:
+                return kind(text)
+            except ValueError:
+                pass
+        return text
+    fields = {}
+    for pair in lines[-1].split("] summary ", 1)[1].split():
+        key, _, text = pair.partition("=")
+        items = [value(item) for item in text.split(",")]
+        if key in LIST_FIELDS or len(items) > 1:
+            fields[key] = items
+        else:
+            fields[key] = items[0]
+    return fields
+
+
+def scalars(log_dir):
+    """The TensorBoard scalars in log_dir's event files (its subfolders' too: Keras-Fit writes
+    there): {tag: [(wall_time, step, value), ...]}, each tag's in order of wall time; {} where
+    there are none. tf.compat.v1 summaries hold a simple_value, TensorFlow 2's a scalar
+    tensor."""
+    paths = glob.glob(os.path.join(log_dir, "**", "events.out.tfevents*"), recursive=True)
+    if not paths:
+        return {}
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up chatter
+    import tensorflow as tf  # only here: a benchmark that reads no events loads no TensorFlow
+    found = {}
+    for path in sorted(paths):
+        for event in tf.compat.v1.train.summary_iterator(path):
+            for v in event.summary.value:
+                number = (v.simple_value if v.HasField("simple_value")
+                          else float(tf.make_ndarray(v.tensor)))
+                found.setdefault(v.tag, []).append((event.wall_time, int(event.step), number))
+    return {tag: sorted(values) for tag, values in found.items()}
+
+
+def metrics_of(output, log_dir):
+    """The chief's metrics from what its run left: its summary line in output and its
+    TensorBoard events in log_dir. None where output has no summary line (the run failed).
+
+    Returns summary_fields(output), plus "history": one row [seconds, global step, test metric,
+    ...] per evaluation (each progress line's, and the end's), the metrics in the summary's
+    order (test_accuracy first), from the events tagged test_NAME; rows before the run's start
+    step (global_step - updates: an earlier run in the same log_dir) are left out.
+
+    The events carry wall times, not the run's clock, which starts as the first update returns
+    (set-up untimed). So a row's seconds count from an estimate of that start: the first row's
+    wall time less (its step - the start step) / the run's pace in global steps a second. The
+    pace is the rows' own, their steps over their wall time, from the first row to the last
+    before the end's (which also waits for the other workers), or to the end's where fewer rows
+    came before it: the summary's steps_per_sec counts mini-batches, the global steps' pace only
+    where one update is one mini-batch (not in the windowed and synchronous examples). Where the
+    end's is the only row (no progress line came before it), steps_per_sec stands in."""
+    metrics = summary_fields(output)
+    if metrics is None:
+        return None
+    found = scalars(log_dir)
+    names = [key for key in metrics if key.startswith("test_") and key in found]
+    start_step = metrics.get("global_step", 0) - metrics.get("updates", 0)
+    columns = [[(t, step, v) for t, step, v in found[name] if step >= start_step]
+               for name in names]
+    rows = list(zip(*columns))  # the k-th evaluation wrote each metric once
+    history = []
+    if rows:
+        pace = global_steps_per_sec(rows[:-1]) or global_steps_per_sec(rows) or metrics.get(
+            "steps_per_sec")
+        first_time, first_step, _ = rows[0][0]
+        start = first_time - ((first_step - start_step) / pace if pace else 0.0)
+        history = [[round(row[0][0] - start, 3), row[0][1]] + [v for _, _, v in row]
+                   for row in rows]
+    metrics["history"] = history
+    return metrics
+
+
+def global_steps_per_sec(rows):
+    """The global steps a second from the first of rows to the last (each row the evaluation's
+    (wall time, step, value) per metric); None where they span no step or no time."""
+    if len(rows) < 2:
+        return None
+    (first_time, first_step, _), (last_time, last_step, _) = rows[0][0], rows[-1][0]
+    if last_step <= first_step or last_time <= first_time:
+        return None
+    return (last_step - first_step) / (last_time - first_time)
+
+
+def recorded_metrics(log_path, log_dir, metrics_path):
+    """metrics_of the run whose output is in log_path and whose chief wrote log_dir, written to
+    metrics_path as well (what --from_logs reads back); None, and nothing written, where the
+    output has no summary line."""
+    with open(log_path, errors="replace") as f:
+        metrics = metrics_of(f.read(), log_dir)
+    if metrics is not None:
+        with open(metrics_path, "w") as f:
+            json.dump(metrics, f, indent=1)
+    return metrics
+
+
 def wait_or_stop(proc, timeout):
     """The run's exit status, or None if it timed out. Past timeout, or on Ctrl-C here (the run
     is in a session of its own, so it did not see it), stop it first."""
@@ -318,7 +446,7 @@ def stop(proc):
 
 def time_to_target(metrics, target=TARGET):
     """Seconds from the chief's start until the test accuracy first reached target."""
-    for seconds, _, accuracy in metrics["history"]:
+    for seconds, _, accuracy, *_ in metrics["history"]:  # the first metric: test_accuracy
         if accuracy >= target:
             return seconds
     return None
@@ -327,6 +455,17 @@ def time_to_target(metrics, target=TARGET):
 def mini_batches_per_sec(metrics):
     """All workers' mini-batches a second over the training loop (the chief's count)."""
     return metrics["steps_per_sec"]
+
+
+def examples_per_sec(metrics, batch_size):
+    """All workers' training examples a second: mini-batches a second of batch_size each."""
+    return mini_batches_per_sec(metrics) * batch_size
+
+
+def timed_seconds(metrics):
+    """The training loop's seconds: the last evaluation's (the chief's end) on the history's
+    clock; None without one."""
+    return metrics["history"][-1][0] if metrics.get("history") else None
 
 
 def rerun_command(prog, argv, sudo=False):

@@ -30,7 +30,7 @@ import time
 
 import problems  # benchmarks/problems.py: the cached MNIST-1D
 import published_tables  # the figures reach the READMEs only through here
-import example_runs  # the one-line errors, stopping a run that overruns
+import example_runs  # stopping a run that overruns, reading what it left
 
 BASELINE = "Non-Distributed-Setup"
 PAPER_ACCURACY = 0.68  # Greydanus and Kobak, Table 1, "MLP"
@@ -91,11 +91,10 @@ def copy_with_paper_mlp(destination):
     return original, text
 
 
-def train_args(args, seed, log_dir, metrics_file):
+def train_args(args, seed, log_dir):
     return ["--data_path", args.data_path, "--hidden", "100", "--batch_size", "100",
             "--learning_rate", "0.01", "--steps", str(args.steps), "--seed", str(seed),
-            "--log_every", str(args.eval_every), "--log_dir", log_dir,
-            "--metrics_file", metrics_file] + ADAM
+            "--log_every", str(args.eval_every), "--log_dir", log_dir] + ADAM
 
 
 def run_seed(folder, args, seed):
@@ -107,16 +106,19 @@ def run_seed(folder, args, seed):
         return example_runs.read_metrics(metrics_path)
     if os.path.exists(metrics_path):
         os.remove(metrics_path)
-    command = ["bash", os.path.join(folder, "run.sh")] + train_args(
-        args, seed, os.path.join(folder, "logs", tag), metrics_path)
+    log_dir = os.path.join(folder, "logs", tag)
+    command = ["bash", os.path.join(folder, "run.sh")] + train_args(args, seed, log_dir)
     with open(log_path, "w") as log:
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
         code = example_runs.wait_or_stop(proc, args.timeout)
-    if code != 0 or not os.path.exists(metrics_path):
+    if code != 0:
         sys.exit("mnist1d_mlp: seed %d %s; see %s" % (
             seed, "timed out" if code is None else "failed (exit %d)" % code, log_path))
-    return example_runs.read_metrics(metrics_path)
+    metrics = example_runs.recorded_metrics(log_path, log_dir, metrics_path)
+    if metrics is None:
+        sys.exit("mnist1d_mlp: seed %d left no summary line; see %s" % (seed, log_path))
+    return metrics
 
 
 def write_table(path, results, settings):

@@ -172,8 +172,7 @@ def run_baseline(args, who, tag="scaling-%s" % BASELINE, seed=None, workload=WOR
                "--steps", str(args.steps), "--batch_size", str(args.batch_size),
                "--log_every", str(args.eval_every),
                "--seed", str(args.seed if seed is None else seed),
-               "--log_dir", tensorboard,
-               "--metrics_file", metrics_path] + list(workload)
+               "--log_dir", tensorboard] + list(workload)
     if args.data_path:  # MNIST-1D, as every distributed run gets it (example_runs.run_example)
         command += ["--data_path", args.data_path]
     try:
@@ -187,7 +186,10 @@ def run_baseline(args, who, tag="scaling-%s" % BASELINE, seed=None, workload=WOR
         quotas.remove()
     if code != 0:
         sys.exit("%s: the baseline failed (exit %d); see %s" % (who, code, log_path))
-    return example_runs.read_metrics(metrics_path)
+    metrics = example_runs.recorded_metrics(log_path, tensorboard, metrics_path)
+    if metrics is None:
+        sys.exit("%s: the baseline left no summary line; see %s" % (who, log_path))
+    return metrics
 
 
 def write_table(path, results, baseline, settings):

@@ -8,30 +8,30 @@ each step, once with no backup worker (every step waits for all) and once with o
 takes the first workers - 1 gradients), and once more without a straggler for reference.
 """
 import argparse
-import json
 import os
 import subprocess
 import sys
 import tempfile
 
+import example_runs  # the chief's summary line, read
 import published_tables  # the figures reach the READMEs only through here
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run(workers, backup, delay, steps):
+    """The chief's summary of one run of Sync-SGD (example_runs.summary_fields)."""
     with tempfile.TemporaryDirectory() as tmp:
-        metrics_file = os.path.join(tmp, "metrics.json")
         proc = subprocess.run(
             ["bash", os.path.join(ROOT, "Sync-SGD", "run.sh"), "--steps", str(steps),
              "--backup_workers", str(backup), "--straggler_delay", str(delay),
-             "--log_every", str(10 ** 9), "--log_dir", os.path.join(tmp, "logs"),
-             "--metrics_file", metrics_file], env=dict(os.environ, NUM_WORKERS=str(workers)),
+             "--log_every", str(10 ** 9), "--log_dir", os.path.join(tmp, "logs")],
+            env=dict(os.environ, NUM_WORKERS=str(workers)),
             capture_output=True, text=True, timeout=900)
-        if proc.returncode != 0:
+        summary = example_runs.summary_fields(proc.stdout)
+        if proc.returncode != 0 or summary is None:
             sys.exit("stragglers: the run with b=%d failed:\n%s" % (backup, proc.stdout[-2000:]))
-        with open(metrics_file) as f:
-            return json.load(f)
+        return summary
 
 
 def main():

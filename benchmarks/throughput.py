@@ -4,18 +4,18 @@
     python benchmarks/throughput.py --batch_sizes 128 --repeats 1 --steps 1000
 
 Each configuration runs through the example's own run.sh (so it measures what a user runs),
-with the chief's --metrics_file read back: steps/s counts global steps (all workers together)
+with the chief's summary line read back: steps/s counts global steps (all workers together)
 over the training loop only, not process start-up. The last column divides by the
 one-process rate of Non-Distributed-Setup at the same batch size.
 """
 import argparse
-import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
 
+import example_runs  # the chief's summary line, read
 import published_tables  # the figures reach the READMEs only through here
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -24,18 +24,18 @@ CONFIGURATIONS = [BASELINE, ("Distributed-Setup", 1), ("Distributed-Setup", 2)]
 
 
 def run_once(example, workers, batch_size, steps, extra):
+    """The chief's summary of one run (example_runs.summary_fields)."""
     with tempfile.TemporaryDirectory() as tmp:
-        metrics_file = os.path.join(tmp, "metrics.json")
         args = ["bash", os.path.join(ROOT, example, "run.sh"), "--batch_size", str(batch_size),
                 "--steps", str(steps), "--log_every", str(10 ** 9),
-                "--log_dir", os.path.join(tmp, "logs"), "--metrics_file", metrics_file] + extra
+                "--log_dir", os.path.join(tmp, "logs")] + extra
         env = dict(os.environ, NUM_WORKERS=str(workers))
         proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600)
-        if proc.returncode != 0 or not os.path.exists(metrics_file):
+        summary = example_runs.summary_fields(proc.stdout)
+        if proc.returncode != 0 or summary is None:
             sys.exit("benchmark: %s with %d worker(s) failed (exit %d):\n%s"
                      % (example, workers, proc.returncode, proc.stdout[-2000:]))
-        with open(metrics_file) as f:
-            return json.load(f)
+        return summary
 
 
 def main():

@@ -68,7 +68,14 @@ def test_a_run_on_hosts_of_their_own_trains_to_the_bar_and_reports_each_hosts_by
     assert float(report["bytes_per_mini_batch"]) > model_bytes / 10, report
     with open(metrics_file) as f:
         metrics = json.load(f)
+    # the chief's summary line and the history of its TensorBoard events, as read by
+    # benchmarks/example_runs.py (train.py writes no file for the benchmarks)
     assert metrics["test_accuracy"] == pytest.approx(float(chief["test_accuracy"]), abs=1e-5)
+    assert metrics["local_steps"] == [int(s) for s in chief["local_steps"].split(",")]
+    history = metrics["history"]
+    assert len(history) >= 2 and history[-1][1] == metrics["global_step"], history
+    assert history[-1][2] == pytest.approx(metrics["test_accuracy"], abs=1e-5)
+    assert [row[0] for row in history] == sorted(row[0] for row in history) and history[0][0] > 0
     hosts = metrics["cluster"]["hosts"]
     assert sorted(hosts) == ["ps0", "worker0", "worker1"]
     assert all(h["sent_bytes"] > 0 and h["received_bytes"] > 0 for h in hosts.values()), hosts
@@ -314,8 +321,8 @@ def test_the_bound_is_the_busiest_direction_of_the_busiest_link_over_its_rate():
     after = {"ps0": (1000 + 4 * 10 ** 6, 1000 + 5 * 10 ** 6),
              "worker0": (1000 + 2 * 10 ** 6, 1000 + 2 * 10 ** 6),
              "worker1": (1000 + 3 * 10 ** 6, 1000 + 2 * 10 ** 6)}
-    metrics = {"local_steps": [60, 40, -1], "steps_per_sec": 4.0}  # -1: a lost worker
-    report = cluster_tool.traffic_report(roles, before, after, metrics, 8 * 10 ** 6)
+    summary = {"local_steps": [60, 40, -1], "steps_per_sec": 4.0}  # -1: a lost worker
+    report = cluster_tool.traffic_report(roles, before, after, summary, 8 * 10 ** 6)
     assert report["total_bytes"] == 9 * 10 ** 6
     assert report["busiest_link"] == {"host": "ps0", "direction": "received", "bytes": 5 * 10 ** 6}
     assert report["mini_batches"] == 100 and report["bytes_per_mini_batch"] == 9 * 10 ** 4
@@ -323,7 +330,7 @@ def test_the_bound_is_the_busiest_direction_of_the_busiest_link_over_its_rate():
     assert report["bound_seconds"] == pytest.approx(5.0)
     assert report["bound_mini_batches_per_sec"] == pytest.approx(20.0)
     assert report["fraction_of_bound"] == pytest.approx(0.2)
-    unlimited = cluster_tool.traffic_report(roles, before, after, metrics, None)
+    unlimited = cluster_tool.traffic_report(roles, before, after, summary, None)
     assert "bound_mini_batches_per_sec" not in unlimited and "fraction_of_bound" not in unlimited
     coordinated = cluster_tool.traffic_report(  # a coordinator's summary: no count per worker
         roles, before, after, {"mini_batches": 90, "steps_per_sec": 4.0}, 8 * 10 ** 6)

@@ -35,6 +35,14 @@ def test_compare_quick_writes_a_table_and_plots_of_the_examples_it_ran(tmp_path)
     for name in ("accuracy.png", "scaling.png"):
         data = (out / name).read_bytes()
         assert data.startswith(PNG_SIGNATURE) and len(data) > 10000, name
+    # each run's metrics, read from the chief's summary line and its TensorBoard events: an
+    # evaluation every 20 of the chief's steps and the end's, on a clock that moves forward
+    metrics = json.loads((out / "logs" / "DOWNPOUR-w2-r0.json").read_text())
+    history = metrics["history"]
+    assert len(history) >= 3 and history[-1][1] == metrics["global_step"], history
+    assert history[-1][2] == pytest.approx(metrics["test_accuracy"], abs=1e-5)
+    seconds = [row[0] for row in history]
+    assert 0 < seconds[0] and seconds == sorted(seconds), history
     assert_nothing_left(str(tmp_path))
 
 
@@ -75,15 +83,15 @@ import scaling  # noqa: E402
 import window_sweep  # noqa: E402
 
 
-def fake_metrics(rate, reach=None, accuracy=0.97, batch_size=64, workers=2, global_step=600,
-                 fraction=None, kb=20.0):
-    """What a chief's metrics file holds: rate mini-batches/s, 0.95 first reached at reach s."""
+def fake_metrics(rate, reach=None, accuracy=0.97, workers=2, global_step=600, fraction=None,
+                 kb=20.0):
+    """A chief's metrics as example_runs.metrics_of reads them: rate mini-batches/s, 0.95 first
+    reached at reach s."""
     history = [[1.0, 100, 0.90], [2.0, 200, 0.93]]
     if reach is not None:
         history.append([reach, 300, 0.96])
-    metrics = {"test_accuracy": accuracy, "steps_per_sec": rate,
-               "examples_per_sec": rate * batch_size, "batch_size": batch_size, "workers": workers, "global_step": global_step,
-               "history": history}
+    metrics = {"test_accuracy": accuracy, "steps_per_sec": rate, "workers": workers,
+               "global_step": global_step, "history": history}
     if fraction is not None or kb is not None:
         metrics["cluster"] = {"bytes_per_mini_batch": kb * 1e3}
         if fraction is not None:
@@ -242,6 +250,107 @@ def test_the_workers_table_shows_accuracy_and_staleness_at_each_count(tmp_path):
     assert table_rows(text) == {"Hogwild": ["0.580", "0.510 (2.50)"], "EASGD": ["", "0.580"]}
 
 
+def test_the_compare_table_gives_examples_a_second_as_mini_batches_a_second_times_the_batch(
+        tmp_path):
+    args = argparse_namespace(target=0.95, batch_size=32, repeats=2, seed=0, steps=3000,
+                              problem="digits")
+    runs = {"Hogwild": [fake_metrics(100, reach=3.0), fake_metrics(300, reach=5.0)]}
+    rows = table_rows(compare.write_table(str(tmp_path / "t.md"), runs, args))
+    # seconds to 0.95 from the histories, the rates the repeats' medians
+    assert rows["Hogwild"][2:5] == ["4.0", "200", "6400"]
+
+
+# ==================================================================================================
+# What a run left, read: the chief's summary line and its TensorBoard events
+# (example_runs.metrics_of, what every benchmark and cluster.py --metrics_file read)
+# ==================================================================================================
+def test_a_summary_line_is_read_as_numbers_and_lists_and_the_clusters_own_is_not_the_chiefs():
+    output = "\n".join([
+        "[worker0] local_step=50 global_step=99 loss=0.3 test_accuracy=0.9 steps_per_sec=80.1",
+        "[worker0] summary example=Sync-SGD test_accuracy=0.972222 global_step=1500 workers=1 "
+        "ps=1 lost_workers=0 local_steps=3000 updates=1500 steps_per_sec=341.2 "
+        "compressor=topk",
+        "[cluster] summary exit=0 bandwidth=unlimited mini_batches=3000"])
+    fields = example_runs.summary_fields(output)
+    assert fields == {"example": "Sync-SGD", "test_accuracy": 0.972222, "global_step": 1500,
+                      "workers": 1, "ps": 1, "lost_workers": 0, "local_steps": [3000],
+                      "updates": 1500, "steps_per_sec": 341.2, "compressor": "topk"}
+    assert example_runs.summary_fields("[local] summary local_steps=7,-1")["local_steps"] == [7, -1]
+    assert example_runs.summary_fields("[worker0] local_step=50 loss=0.3\n") is None
+    assert example_runs.metrics_of("Traceback (most recent call last):\n", "/nonexistent") is None
+
+
+def write_events(folder, events, tensors):
+    """An event file in folder, one event per (wall time, step, {tag: value}) of events: each
+    value a simple_value as tf.compat.v1 writes it, or with tensors a scalar tensor, one event
+    per tag, as TensorFlow 2's tf.summary.scalar writes it."""
+    import tensorflow as tf
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, "events.out.tfevents.%d.host" % len(os.listdir(folder)))
+    with tf.io.TFRecordWriter(path) as writer:
+        for wall_time, step, values in events:
+            if tensors:
+                summaries = [tf.compat.v1.Summary(value=[tf.compat.v1.Summary.Value(
+                    tag=tag, tensor=tf.make_tensor_proto(value, tf.float32))])
+                    for tag, value in values.items()]
+            else:
+                summaries = [tf.compat.v1.Summary(value=[
+                    tf.compat.v1.Summary.Value(tag=tag, simple_value=value)
+                    for tag, value in values.items()])]
+            for summary in summaries:
+                writer.write(tf.compat.v1.Event(wall_time=wall_time, step=step,
+                                                summary=summary).SerializeToString())
+
+
+@pytest.mark.parametrize("tensors", [False, True], ids=["tf.compat.v1", "tensorflow 2"])
+def test_the_history_is_read_from_the_chiefs_events_on_the_clock_of_its_first_update(
+        tmp_path, tensors):
+    # a synchronous run resumed at global step 100: 2 mini-batches a global step, so its
+    # steps_per_sec of 20 mini-batches is 10 global steps a second; an evaluation at steps
+    # 110, 120 and 130, the end's at 130, and an earlier run's evaluation at step 90
+    log_dir = str(tmp_path / "logs")
+    write_events(log_dir, [(900.0, 90, {"test_accuracy": 0.5, "test_loss": 2.0})], tensors)
+    evaluations = [(1001.0 + k, 110 + 10 * k, {"test_loss": 1.0 - 0.1 * k, "loss": 1.5,
+                                               "test_accuracy": 0.9 + 0.01 * k})
+                   for k in range(3)] + [(1003.5, 130, {"test_loss": 0.8, "test_accuracy": 0.92})]
+    write_events(os.path.join(log_dir, "train"), evaluations, tensors)  # a subfolder too
+    output = ("[worker0] summary example=Sync-SGD test_accuracy=0.92 test_loss=0.8 "
+              "global_step=130 updates=30 steps_per_sec=20 replicas_to_aggregate=2\n")
+    metrics = example_runs.metrics_of(output, log_dir)
+    assert metrics["replicas_to_aggregate"] == 2 and metrics["test_accuracy"] == 0.92
+    # the clock starts 10 global steps (1 s) before the first evaluation, at 1000 s; the
+    # metrics in the summary's order; the earlier run's row and the loss left out
+    history = [[round(seconds, 3), step] + [round(v, 4) for v in values]
+               for seconds, step, *values in metrics["history"]]
+    assert history == [[1.0, 110, 0.9, 1.0], [2.0, 120, 0.91, 0.9], [3.0, 130, 0.92, 0.8],
+                       [3.5, 130, 0.92, 0.8]]
+    assert example_runs.timed_seconds(metrics) == 3.5
+    assert example_runs.examples_per_sec(metrics, 64) == 20 * 64
+    assert example_runs.time_to_target(metrics, 0.91) == 2.0
+
+
+def test_a_run_with_only_the_ends_evaluation_is_timed_at_its_summarys_pace(tmp_path):
+    write_events(str(tmp_path), [(1002.0, 100, {"test_accuracy": 0.97})], tensors=False)
+    output = "[local] summary test_accuracy=0.97 global_step=100 updates=100 steps_per_sec=50\n"
+    [(seconds, step, accuracy)] = example_runs.metrics_of(output, str(tmp_path))["history"]
+    assert (seconds, step, accuracy) == (2.0, 100, pytest.approx(0.97))  # 100 steps at 50 a s
+    # no events at all: the summary's figures, an empty history
+    assert example_runs.metrics_of(output, str(tmp_path / "none"))["history"] == []
+
+
+def test_a_recorded_run_is_what_a_redraw_reads_back(tmp_path):
+    log, metrics_path = tmp_path / "run.log", tmp_path / "run.json"
+    log.write_text("$ bash run.sh\n[local] summary test_accuracy=0.5 global_step=3 updates=3 "
+                   "steps_per_sec=1\n")
+    recorded = example_runs.recorded_metrics(str(log), str(tmp_path / "none"), str(metrics_path))
+    assert example_runs.read_metrics(str(metrics_path)) == recorded
+    assert recorded["test_accuracy"] == 0.5
+    log.write_text("$ bash run.sh\nerror: no such flag\n")  # a failed run writes nothing
+    metrics_path.unlink()
+    assert example_runs.recorded_metrics(str(log), str(tmp_path), str(metrics_path)) is None
+    assert not metrics_path.exists()
+
+
 def mnist1d_metrics(reach):
     """A chief's metrics on MNIST-1D that first reach 0.55 at reach seconds (None: never)."""
     history = [[1.0, 10, 0.40], [2.0, 20, 0.50]] + ([[reach, 30, 0.56]] if reach else [])
@@ -257,7 +366,7 @@ def decision_run(label, rate, reach, final=0.60, rate_per_sec=100.0, busiest=Non
     if reach == "overran":
         return decision_table.record(row, rate, bits, 0, 0, 0.1, None)
     metrics = mnist1d_metrics(reach)
-    metrics.update(test_accuracy=final, steps_per_sec=rate_per_sec, timed_seconds=9.0,
+    metrics.update(test_accuracy=final, steps_per_sec=rate_per_sec,
                    cluster={"mini_batches": mini_batches,
                             "busiest_link": {"bytes": busiest or 0},
                             "hosts": {"ps0": {"sent_bytes": both or 0, "received_bytes": 0}}})
@@ -429,9 +538,10 @@ def test_a_rerun_of_the_one_host_reference_trains_from_scratch_not_from_the_last
         create = remove = lambda self: None
         join_command = lambda self, task: []
 
-    def call(command, **kwargs):
+    def call(command, stdout, **kwargs):  # the baseline's run: its summary line, no events
         seen.append((tensorboard.exists(), (tmp_path / "logs" / "ref.json").exists()))
-        (tmp_path / "logs" / "ref.json").write_text('{"test_accuracy": 0.6}')
+        stdout.write("[local] summary example=Non-Distributed-Setup test_accuracy=0.6 "
+                     "global_step=10 updates=10 steps_per_sec=5\n")
         return 0
     monkeypatch.setattr(scaling.cluster, "CpuQuotas", NoQuotas)
     monkeypatch.setattr(scaling.subprocess, "call", call)
@@ -439,6 +549,8 @@ def test_a_rerun_of_the_one_host_reference_trains_from_scratch_not_from_the_last
                               eval_every=5, seed=0, timeout=1, data_path="", cpus=0.4)
     assert scaling.run_baseline(args, "t", tag="ref")["test_accuracy"] == 0.6
     assert seen == [(False, False)]
+    # what a redraw (--from_logs) reads back: the metrics read from the run's output
+    assert json.loads((tmp_path / "logs" / "ref.json").read_text())["test_accuracy"] == 0.6
 
 
 def test_only_a_full_run_into_the_default_folder_publishes(tmp_path):

@@ -122,7 +122,7 @@ def test_the_paper_mlp_copy_changes_only_the_model_section(tmp_path):
     assert without_model(copy) == without_model(original)
     # the paper's Adam comes from the example's own flag
     assert mnist1d_mlp.train_args(argparse.Namespace(data_path="d", steps=1, eval_every=1), 0,
-                                  "l", "m")[-4:] == ["--optimizer", "adamw", "--weight_decay", "0"]
+                                  "l")[-4:] == ["--optimizer", "adamw", "--weight_decay", "0"]
     assert "h = h + tf.nn.relu(" in copy  # the residual connection
     assert (tmp_path / "copy" / "run.sh").is_file()
 
