@@ -37,6 +37,7 @@ References
 """
 import argparse
 import collections
+import contextlib
 import glob
 import json
 import os
@@ -262,26 +263,60 @@ def covered(spans):
 
 
 # --- The training loop ----------------------------------------------------------------------------
+# >>> shared: devices
+def run_devices(args, cluster):
+    """The devices that carry the model, in order: --devices of each worker task (or of this
+    process alone), its GPUs if it has that many, else CPUs (task_config makes them); and the
+    controller, the client's CPU, where the input pipeline goes."""
+    kind = "GPU" if len(tf.config.list_physical_devices("GPU")) >= args.devices else "CPU"
+    tasks = ["/job:worker/task:%d" % i for i in range(len(cluster["worker"]))] if cluster else [""]
+    devices = ["%s/device:%s:%d" % (task, kind, d) for task in tasks for d in range(args.devices)]
+    return devices, tasks[0] + "/device:CPU:0"
+
+
+def task_config(args):
+    """A task's devices, for its server and the client's session: --devices CPU devices (logical
+    ones share the cores), and one thread per op, leaving cores to the other tasks."""
+    return tf.compat.v1.ConfigProto(device_count={"CPU": args.devices},
+                                    intra_op_parallelism_threads=1)
+# <<< shared: devices
+
+
 def train(args, cluster, target, data):
     """The client's loop: one graph, run on this process alone or on the cluster (target)."""
     devices, controller = run_devices(args, cluster)  # a stage on each device
+    print("[%s] the model on %d device(s): %s" % (args.role, len(devices), " ".join(devices)),
+          flush=True)
     with tf.compat.v1.device(controller):  # the input pipeline, at the first stage
         x, y = training_batches(data, args.batch_size, 0, 1, args.seed)
     pipeline = build_pipeline(args, devices, x, y)
-    client = Client(args, cluster, lambda x, y: model_metrics(pipeline.forward(x), y),
-                    data)
-    session = client.start(target, devices)
     busy = StageClock(devices)
-    while client.step < args.steps:
+    with tf.compat.v1.device(controller):  # the test set's pipeline too (each layer: its stage)
+        client = Client(args, cluster, pipeline.loss,
+                        lambda x, y: model_metrics(pipeline.forward(x), y), data,
+                        stages=len(devices), micro_batches=args.micro_batches,
+                        stage_busy=busy.fractions)
+    # TensorFlow's session for one client, as in ../In-Graph-Replication: no retries, the last
+    # checkpoint in --log_dir restored or the variables initialised, checkpoints every 30 s
+    config = task_config(args)
+    config.operation_timeout_in_ms = int(args.step_timeout * 1000)  # a lost worker: an error
+    session = tf.compat.v1.train.SingularMonitoredSession(hooks=[
+        tf.compat.v1.train.StopAtStepHook(last_step=args.steps),
+        tf.compat.v1.train.CheckpointSaverHook(args.log_dir, save_secs=30), client],
+        master=target, config=config, checkpoint_dir=args.log_dir)
+    while not session.should_stop():
         traced = (client.step + 1) % args.log_every == 0  # a step in --log_every is timed
-        client.after_update(session, *busy.run(session, [pipeline.loss, pipeline.step], traced))
-    return client.end(session, stages=len(devices), micro_batches=args.micro_batches,
-                      stage_busy=busy.fractions())
+        busy.run(session, pipeline.step, traced)
+    # the hooks' end: the last checkpoint, the summary line. Not after an error: with a worker
+    # lost, a session's close waits for ever (errors_in_one_line ends the process instead)
+    session.close()
+    return 0
 
 
 def main(argv=None):
+    global tf
     args = parse_flags(argv, example_flags)  # bad input fails here, before TensorFlow loads
-    cluster = resolve_workers(args)
+    cluster = resolve_workers(args)  # {"worker": [host:port, ...]}, or TF_CONFIG's; None: alone
     stages = args.devices * (len(cluster["worker"]) if cluster else 1)
     if args.batch_size % args.micro_batches:
         fail("--batch_size %d cannot be cut into %d micro-batches: give a multiple of %d"
@@ -289,41 +324,29 @@ def main(argv=None):
     if stages > args.layers + 1:  # every stage needs a layer: --layers hidden, and the logits
         fail("%d stages for %d layers: give --layers %d or more"
              % (stages, args.layers + 1, stages - 1))
-    data = load_dataset(args.data_path) if args.task_index == 0 else None  # the client needs it
-    return run_task(args, cluster, train, data)
+    data = load_dataset(args.data_path) if args.task_index == 0 else None  # the client's alone
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before the import: no C++ info lines
+    import tensorflow as tf  # only now: bad input has failed in one line, before its start-up
+    tf.compat.v1.disable_eager_execution()  # graphs and sessions: the tf.compat.v1 runtime
+    tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)  # no deprecation notes
+    with errors_in_one_line(args):  # a port in use, a lost worker: one line that says so
+        if not cluster:
+            return train(args, None, "", data)  # alone: the stages on this process's devices
+        # the cluster and this task's server in it: worker 0's client builds the one graph, each
+        # stage's variables and ops on its own task, and runs it on every worker's server
+        server = tf.distribute.Server(tf.train.ClusterSpec(cluster), "worker", args.task_index,
+                                      config=task_config(args))
+        if args.task_index > 0:
+            return serve(args, cluster, server)  # it runs what the graph places on it, no more
+        return train(args, cluster, server.target, data)
 
 
 # ==================================================================================================
 # Plumbing shared by every example (what a job needs besides its algorithm)
 # ==================================================================================================
-# What the client of a cluster, and the tasks it drives, need besides the algorithm, in this order;
-# the same text in every train.py with one client (a test keeps the copies equal):
-#   1. flags, and the workers from them or from TF_CONFIG (neither:
-#      this process alone); --data_path's file, checked           parse_flags, resolve_workers,
-#                                                                  check_cluster, number_type,
-#                                                                  read_npz, Pixels, as_float32,
-#                                                                  port_taken
-#   2. TensorFlow loads after the checks; this task's server and
-#      its devices; a failure ends the task in one line           run_task, task_config, fail,
-#                                                                  cause
-#   3. the other workers serve the client's graph until it says
-#      the run is over                                            serve, run_over_flag, wait_for,
-#                                                                  is_listening
-#   4. the devices that carry the model, and the controller        run_devices
-#   5. the client's session, once every worker answers; the
-#      variables initialised or restored                           Client.start
-#   6. progress lines, checkpoints, the test metrics over the
-#      test set in batches, TensorBoard                            after_update, save, evaluate,
-#                                                                  test_metrics_in_batches,
-#                                                                  tensorboard_summary
-#   7. the summary line                                            end, print_summary
-#   8. the data's way in: TFRecord files; arrays that are no       read_records, check_shards,
-#      constant of the graph; the test set in batches; each       count_records, records_dataset,
-#      session's order of the training stream; a Keras model's    parse_records, arrays_dataset,
-#      weights as the parameters                                  example_shape, test_batches,
-#                                                                  record_batches, session_stream,
-#                                                                  start_the_data, keras_params,
-#                                                                  keras_logits
+# train() hands it what it built: nothing here knows the model or the algorithm. Each block is
+# the same text in every train.py that uses it (a test compares them); this file's, in order:
+# flags, tasks, npz, records, graph data, summary, one client.
 # >>> shared: flags
 def fail(message):
     """One line on stderr and exit status 2: for bad input and lost peers, never for bugs."""
@@ -387,278 +410,6 @@ def parse_flags(argv, example_flags):
 # <<< shared: flags
 
 
-# >>> shared: data files
-Records = collections.namedtuple("Records", "train_files test_files shape dtype scale num_classes")
-
-
-def read_records(path):
-    """--data_path's TFRecord files, checked before TensorFlow loads: a folder, or a glob of its
-    training files, as tools/npz_to_tfrecord.py writes them: train-*.tfrecord and
-    test-*.tfrecord, each record a tf.train.Example with the features x (the example's array,
-    its raw bytes) and y (its label: int64 for classes, float for a regression), and meta.json
-    (x_shape, x_dtype, x_scale: x is divided by it; num_classes: null for a regression;
-    train_examples and test_examples). The files of each part are all N of one write
-    (PART-K-of-N), holding the examples meta.json counts: never a glob's test files, nor an
-    older write's files left in the folder, trained on."""
-    if os.path.isdir(path):
-        folder, train_files = path, sorted(glob.glob(os.path.join(path, "train-*.tfrecord")))
-    else:
-        train_files = sorted(glob.glob(path))
-        folder = os.path.dirname(train_files[0]) if train_files else os.path.dirname(path)
-    tested = [f for f in train_files if os.path.basename(f).startswith("test-")]
-    if tested:  # a glob as broad as DIR/*.tfrecord
-        fail("%s takes test files (%s) as training files: give the folder, or a glob of its "
-             "train-*.tfrecord" % (path, os.path.basename(tested[0])))
-    if not train_files:
-        fail("%s: no training files (train-*.tfrecord): give an .npz, or a folder of TFRecord "
-             "files that tools/npz_to_tfrecord.py wrote" % path)
-    test_files = sorted(glob.glob(os.path.join(folder, "test-*.tfrecord")))
-    if not test_files:
-        fail("%s: no test files (test-*.tfrecord) beside the training files" % folder)
-    check_shards(folder, train_files, "train")  # one write's, whole: not two writes' mixed
-    check_shards(folder, test_files, "test")
-    try:
-        with open(os.path.join(folder, "meta.json")) as f:
-            meta = json.load(f)
-        shape, dtype = tuple(int(n) for n in meta["x_shape"]), np.dtype(meta["x_dtype"])
-        scale, num_classes = float(meta["x_scale"]), meta["num_classes"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        fail("%s: no readable meta.json (%s: %s) beside the TFRecord files: write them with "
-             "python tools/npz_to_tfrecord.py DATA.npz FOLDER" % (folder, type(e).__name__, e))
-    counts = {part: sum(count_records(name) for name in files)
-              for part, files in (("train", train_files), ("test", test_files))}
-    for part in ("train", "test"):
-        if meta.get(part + "_examples", counts[part]) != counts[part]:
-            fail("%s: its %s files hold %d examples, meta.json says %d: files of another "
-                 "write? Write the folder again, into an empty one (tools/npz_to_tfrecord.py)"
-                 % (folder, part, counts[part], meta[part + "_examples"]))
-    return Records(train_files, test_files, shape, dtype, scale, num_classes)
-
-
-def check_shards(folder, files, part):
-    """files are one write's PART-K-of-N.tfrecord, all N of them: not two writes' mixed."""
-    totals = sorted({os.path.basename(f).rsplit("-of-", 1)[-1].split(".")[0] for f in files})
-    if len(totals) != 1 or not totals[0].isdigit() or int(totals[0]) != len(files):
-        fail("%s: its %s files are not the %s of one write (%d file(s), %s): write the folder "
-             "again, into an empty one (tools/npz_to_tfrecord.py)" % (
-                 folder, part, "N files -of-N" if len(totals) == 1 else "same -of-N",
-                 len(files), " and ".join("-of-" + t for t in totals)))
-
-
-def count_records(name):
-    """The records in a TFRecord file, read from their headers alone (each: its length, 8
-    bytes, and its checksum, 4; then the data and its checksum). Not one: a one-line error."""
-    size, records, offset = os.path.getsize(name), 0, 0
-    with open(name, "rb") as f:
-        while offset < size:
-            header = f.read(12)
-            length = int.from_bytes(header[:8], "little") if len(header) == 12 else -1
-            if not 0 < length <= size - offset - 16:
-                fail("%s is not a TFRecord file (tools/npz_to_tfrecord.py writes them)" % name)
-            offset += 16 + length
-            f.seek(offset)
-            records += 1
-    return records
-
-
-def records_dataset(data, batch_size, worker_index, num_workers, seed):
-    """This worker's endless stream of mini-batches from its own TFRecord files (file k goes to
-    worker k mod N): no worker reads, or holds, the whole set. Every epoch, its files in a new
-    order, read a few at a time, interleaved; records shuffled in a buffer of 10,000, batched,
-    then parsed and scaled a batch at a time, in parallel, ahead of the training step."""
-    if len(data.train_files) < num_workers:
-        fail("%d training file(s) for %d workers: each worker reads files of its own; write at "
-             "least %d (tools/npz_to_tfrecord.py --shards N)"
-             % (len(data.train_files), num_workers, num_workers))
-    if isinstance(worker_index, int):
-        mine = data.train_files[worker_index::num_workers]
-        uneven = len(data.train_files) % num_workers
-        print("[worker%d] reading %d of %d training files: %s%s" % (
-            worker_index, len(mine), len(data.train_files), ",".join(
-                os.path.basename(f) for f in mine), "" if not uneven else (
-                " (uneven: %d files over %d workers, so the examples of a worker with fewer "
-                "files come more often; write a multiple of %d shards)" % (
-                    len(data.train_files), num_workers, num_workers))), flush=True)
-    files = tf.data.Dataset.from_tensor_slices(data.train_files).shard(num_workers, worker_index)
-    records = files.shuffle(len(data.train_files), seed=seed).interleave(
-        tf.data.TFRecordDataset, cycle_length=4, num_parallel_calls=tf.data.AUTOTUNE)
-    records = records.shuffle(10000, seed=seed).repeat().batch(batch_size, drop_remainder=True)
-    return records.map(parse_records(data), tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
-
-
-def parse_records(data):
-    """The parser of a batch of the files' records (tf.train.Examples): x in float32, scaled
-    to [0, 1], and y. Training and the chief's test set read the files through this one."""
-    def parse(serialized):
-        features = tf.io.parse_example(serialized, {
-            "x": tf.io.FixedLenFeature([], tf.string),
-            "y": tf.io.FixedLenFeature([], tf.int64 if data.num_classes else tf.float32)})
-        x = tf.reshape(tf.io.decode_raw(features["x"], data.dtype), (-1,) + data.shape)
-        return tf.cast(x, tf.float32) / data.scale, features["y"]
-    return parse
-
-
-ARRAYS_IN_A_GRAPH_MB = 256  # ParameterServerStrategy's traced dataset function: larger arrays
-# are refused (each worker would hold the graph's copy, and a GraphDef holds 2 GB at most)
-
-
-def arrays_dataset(x, y, worker_index, num_workers, seed):
-    """This worker's shard of the arrays (x, y), example by example, in a new order every epoch,
-    integer pixels (Pixels) a byte each until they leave the shuffle. Never a constant of a
-    tf.compat.v1 graph (its GraphDef would hold the arrays: 2 GB at most, and copies in memory):
-    the graph asks Python for the shard when the pipeline starts. In TensorFlow 2 the arrays
-    themselves; ParameterServerStrategy traces its dataset function, which makes them a constant
-    of a graph that every worker holds, so arrays over ARRAYS_IN_A_GRAPH_MB are refused there."""
-    pixels, scale = (x.pixels, x.scale) if isinstance(x, Pixels) else (np.asarray(x), None)
-    if tf.compat.v1.executing_eagerly_outside_functions():
-        size = (pixels.nbytes + np.asarray(y).nbytes) / 2**20
-        if not tf.executing_eagerly() and size > ARRAYS_IN_A_GRAPH_MB:  # traced: a constant
-            fail("%.0f MB of training arrays would be a constant of the traced dataset function, "
-                 "on every worker (at most %d MB): write them as TFRecord files (python "
-                 "tools/npz_to_tfrecord.py DATA.npz FOLDER) and give --data_path FOLDER"
-                 % (size, ARRAYS_IN_A_GRAPH_MB))
-        examples = tf.data.Dataset.from_tensor_slices((pixels, y)).shard(num_workers,
-                                                                         worker_index)
-    else:
-        shard = lambda: (pixels[worker_index::num_workers], y[worker_index::num_workers])
-        arrays = tf.data.Dataset.range(1).map(lambda _: tuple(tf.compat.v1.py_func(
-            shard, [], [tf.as_dtype(pixels.dtype), tf.as_dtype(y.dtype)], stateful=False)))
-        examples = arrays.map(lambda xs, ys: (tf.ensure_shape(xs, (None,) + x.shape[1:]),
-                                              tf.ensure_shape(ys, (None,) + y.shape[1:]))).unbatch()
-    examples = examples.shuffle(len(x) // num_workers + 1, seed=seed)  # the shards differ
-    if scale is None:
-        return examples
-    return examples.map(lambda xs, ys: (tf.cast(xs, tf.float32) / scale, ys))
-
-
-def example_shape(data):
-    """The shape of one example: the arrays' rows, or the TFRecord files' x_shape."""
-    return data.shape if isinstance(data, Records) else data.x_train.shape[1:]
-
-
-def test_batches(test_set, size=1000):
-    """The test set, size examples at a time: the data (its x_test and y_test), the arrays
-    (x, y), or TFRecord files (Records: read as they stream, never all in memory)."""
-    if not isinstance(test_set, Records):
-        x, y = (test_set.x_test, test_set.y_test) if hasattr(test_set, "x_test") else test_set
-        return ((x[i:i + size], y[i:i + size]) for i in range(0, len(x), size))
-    return record_batches(test_set, size)
-
-
-def record_batches(data, size):
-    """The test files' examples, size at a time, as they stream from the files: a
-    TFRecordDataset parsed as training parses them (parse_records), in a graph of its own."""
-    graph = tf.Graph()
-    with graph.as_default():  # left before the first yield: the caller's graph stays its own
-        batches = tf.data.TFRecordDataset(data.test_files).batch(size).map(parse_records(data))
-        next_batch = tf.compat.v1.data.make_one_shot_iterator(batches).get_next()
-    session = tf.compat.v1.Session(graph=graph)  # not as a "with": that makes it the default
-    try:
-        while True:
-            try:
-                x, y = session.run(next_batch)
-            except tf.errors.OutOfRangeError:
-                return
-            yield x, y
-    finally:
-        session.close()
-
-
-DATA_STARTS = ("data_starts", "data_start_steps")  # session_stream's: graph collections
-
-
-def session_stream(dataset, seed, worker_index):
-    """The next element of dataset(session_seed), as tensors of the graph. Every session starts
-    the stream anew (start_the_data), its seed drawn from seed, this worker and the global step
-    at the session's start: no two workers share an order, and after a restart or a resume a
-    worker does not replay the mini-batches it began with."""
-    start_step = tf.compat.v1.placeholder_with_default(np.int64(0), [], name="data_start_step")
-    iterator = tf.compat.v1.data.make_initializable_iterator(
-        dataset((seed * 1000 + worker_index) * 1000003 + start_step))
-    tf.compat.v1.add_to_collection(DATA_STARTS[0], iterator.initializer)
-    tf.compat.v1.add_to_collection(DATA_STARTS[1], start_step)
-    return iterator.get_next()
-
-
-def start_the_data(session, global_step):
-    """Start every training stream of the graph (session_stream) in a new session, at
-    global_step."""
-    starts, steps = (tf.compat.v1.get_collection(name) for name in DATA_STARTS)
-    session.run(starts, {step: global_step for step in steps})
-# <<< shared: data files
-
-
-# >>> shared: keras
-KERAS_MODELS = {}  # by names: the Keras model, the parameters keras_params made of it, and the
-# graph's name scope then (the start of its weights' names)
-
-
-def keras_params(model):
-    """A built Keras model's weights as an example's parameters: {name: variable}, in the order
-    the model made them (Keras 3's variables hold TensorFlow ones: those, which the examples'
-    loops differentiate and update). Remembered, so that keras_logits finds the model again.
-    The examples run every layer as at test and train every weight by its gradient, so a model
-    that acts otherwise in training is refused in one line: a layer that drops or adds noise at
-    random (Dropout, GaussianNoise, a Random* augmentation), weights not trained by gradients
-    (BatchNormalization's moving statistics, a frozen layer), or losses of the model's own (a
-    regulariser) that model_loss does not add."""
-    def refused():
-        for layer in model._flatten_layers(include_self=False):
-            kind = "layer %s (%s)" % (layer.name, type(layer).__name__)
-            if type(layer).__name__.startswith("Random") or any(
-                    getattr(layer, rate, 0) for rate in ("rate", "dropout", "recurrent_dropout",
-                                                         "stddev")):
-                return kind + " acts at random in training"
-            if layer.non_trainable_weights and not list(layer._flatten_layers(include_self=False)):
-                return kind + " has weights not trained by gradients"
-        if model.losses:
-            return "regulariser (model.losses) adds to the loss"
-    reason = refused()
-    if reason:
-        fail("the Keras model's %s: the examples run every layer as at test, train every weight "
-             "by its gradient and minimise model_loss alone; take it out, or write that part with "
-             "raw variables (docs/own-model.md)" % reason)
-    params = {}
-    for w in model.weights:
-        name = getattr(w, "path", None) or w.name.split(":")[0]
-        params[name] = w if isinstance(w, tf.Variable) else w.value
-    scope = tf.compat.v1.get_default_graph().get_name_scope()
-    KERAS_MODELS[tuple(params)] = (model, params, scope + "/" if scope else "")
-    return params
-
-
-def keras_logits(params, x):
-    """The logits, for the examples x, of the Keras model behind params, computed with params'
-    values: the model itself over its own weights; over any other dict of the same names (a
-    worker's local copy, the parameters plus noise), the model built again (tf_keras's
-    clone_model, in the tf.compat.v1 examples) with each weight taken from params by its name
-    (and checked for its shape): the copy's names are the model's, built in a scope of its own."""
-    model, own, scope = KERAS_MODELS[tuple(params)]
-    if params is own:
-        return model(x)
-    import tf_keras
-    taken = {}  # no weight of the dict twice
-
-    def weight_by_name(next_creator, **kwargs):
-        graph_scope = tf.compat.v1.get_default_graph().get_name_scope()
-        name = graph_scope[len(copy_scope):] + "/" + kwargs["name"]  # as the model names it
-        found = [n for n in params if n == scope + name] or [
-            n for n in params if n == name or n.endswith("/" + name)]
-        if len(found) != 1 or found[0] in taken:
-            raise ValueError("keras_logits: the copy's weight %s matches %s of the model's "
-                             "weights %s" % (name, found or "none", list(params)))
-        shape = tf.TensorShape(kwargs.get("shape"))
-        if not shape.is_compatible_with(params[found[0]].shape):
-            raise ValueError("keras_logits: the copy's weight %s has the shape %s, the dict's %s"
-                             % (name, shape, params[found[0]].shape))
-        taken[found[0]] = True
-        return params[found[0]]
-    with tf.compat.v1.name_scope("keras_copy") as copy_scope:  # a fresh scope: no name taken
-        with tf.variable_creator_scope(weight_by_name):
-            return tf_keras.models.clone_model(model)(x)  # (a model built at its first call)
-# <<< shared: keras
-
-
 # >>> shared: tasks
 def check_cluster(cluster, job, index):
     """Every address is host:port, the job is one of the cluster's, the index is in range."""
@@ -704,6 +455,158 @@ def wait_for(condition, seconds=float("inf"), waiting=None):
 # <<< shared: tasks
 
 
+# >>> shared: npz
+def read_npz(path):
+    """--data_path's .npz, checked before TensorFlow loads, as the Dataset's fields. Floats become
+    float32; integer pixels stay a byte each, scaled to [0, 1] by x_train's largest (x_scale) in
+    the pipeline; images (N, H, W) gain a channel axis; labels are whole numbers from 0."""
+    names = ("x_train", "y_train", "x_test", "y_test")
+    try:
+        with np.load(path) as f:
+            x_train, y_train, x_test, y_test = arrays = [f[name] for name in names]
+    except (OSError, KeyError, ValueError) as e:  # missing, unreadable, or a key missing
+        fail("cannot load %s (%s): give an .npz with x_train, y_train, x_test and y_test"
+             % (path, str(e).splitlines()[0]))
+    for name, a in zip(names, arrays):
+        if a.dtype.kind not in "biuf" or a.ndim == 0 or len(a) == 0:
+            fail("%s: %s must be a non-empty array of numbers, not %s %s"
+                 % (path, name, a.dtype, a.shape))
+        if a.dtype.kind == "f" and not np.isfinite(a).all():
+            fail("%s: %s has NaN or infinite values" % (path, name))
+        if name[0] == "y" and (a.ndim != 1 or np.any(a != np.round(a)) or a.min() < 0):
+            fail("%s: %s must hold class labels: whole numbers from 0" % (path, name))
+    if len(x_train) != len(y_train) or len(x_test) != len(y_test):
+        fail("%s: x and y differ in length: %d and %d to train, %d and %d to test"
+             % (path, len(x_train), len(y_train), len(x_test), len(y_test)))
+    if x_train.shape[1:] != x_test.shape[1:]:
+        fail("%s: train and test examples differ in shape: %s and %s"
+             % (path, x_train.shape[1:], x_test.shape[1:]))
+    if x_train.ndim == 3:  # images without a channel axis
+        x_train, x_test = x_train[..., np.newaxis], x_test[..., np.newaxis]
+    scale = max(float(x_train.max()), 1.0) if x_train.dtype.kind in "biu" else 1.0
+    if scale == 1.0:
+        x_train, x_test = x_train.astype(np.float32), x_test.astype(np.float32)
+    num_classes = int(max(y_train.max(), y_test.max())) + 1
+    return x_train, y_train.astype(np.int64), x_test, y_test.astype(np.int64), num_classes, scale
+# <<< shared: npz
+
+
+# >>> shared: records
+Records = collections.namedtuple("Records", "train_files test_files shape dtype x_scale "
+                                 "num_classes")
+
+
+def read_records(folder):
+    """--data_path's folder as tools/npz_to_tfrecord.py writes it: train-*.tfrecord and
+    test-*.tfrecord (tf.train.Examples of x, the array's bytes, and y) and meta.json."""
+    train, test = (sorted(glob.glob(os.path.join(folder, part + "-*.tfrecord")))
+                   for part in ("train", "test"))
+    try:
+        with open(os.path.join(folder, "meta.json")) as f:
+            meta = json.load(f)
+        assert train and test, "no %s files" % ("train-*.tfrecord" if test else "test-*.tfrecord")
+        return Records(train, test, tuple(meta["x_shape"]), np.dtype(meta["x_dtype"]),
+                       float(meta["x_scale"]), meta["num_classes"])
+    except (OSError, ValueError, KeyError, TypeError, AssertionError) as e:
+        fail("%s is no folder of TFRecord files (%s): write one with python "
+             "tools/npz_to_tfrecord.py DATA.npz FOLDER" % (folder, e))
+
+
+def records_dataset(data, batch_size, worker_index, num_workers, seed):
+    """This worker's endless stream of mini-batches from its own files (file k goes to worker
+    k mod N): no worker reads the whole set. Every epoch its files in a new order, interleaved,
+    the records shuffled in a buffer of 10,000, batched, then parsed a batch at a time."""
+    if len(data.train_files) < num_workers:
+        fail("%d training file(s) for %d workers: each worker reads files of its own; write at "
+             "least %d (npz_to_tfrecord.py --shards)" % (len(data.train_files), num_workers,
+                                                         num_workers))
+    files = tf.data.Dataset.from_tensor_slices(data.train_files).shard(num_workers, worker_index)
+    records = files.shuffle(len(data.train_files), seed=seed).interleave(
+        tf.data.TFRecordDataset, cycle_length=4, num_parallel_calls=tf.data.AUTOTUNE)
+    records = records.shuffle(10000, seed=seed).repeat().batch(batch_size, drop_remainder=True)
+    return records.map(parse_records(data), tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
+
+
+def parse_records(data):
+    """The parser of a batch of records (training's, the test set's): x scaled to [0, 1], y."""
+    def parse(serialized):
+        features = tf.io.parse_example(serialized, {
+            "x": tf.io.FixedLenFeature([], tf.string),
+            "y": tf.io.FixedLenFeature([], tf.int64 if data.num_classes else tf.float32)})
+        x = tf.reshape(tf.io.decode_raw(features["x"], data.dtype), (-1,) + data.shape)
+        return tf.cast(x, tf.float32) / data.x_scale, features["y"]
+    return parse
+# <<< shared: records
+
+
+# >>> shared: graph data
+def arrays_dataset(x, y, worker_index, num_workers, seed, scale=1.0):
+    """This worker's shard of the arrays (x, y), example by example, in a new order every epoch,
+    integer pixels divided by scale. No constant of the graph (its GraphDef would hold the
+    arrays: 2 GB at most, and copies in memory): it asks Python for them as it starts."""
+    examples = arrays_in_batches(x[worker_index::num_workers], y[worker_index::num_workers],
+                                 len(x)).unbatch()
+    examples = examples.shuffle(len(x) // num_workers + 1, seed=seed)  # the shards differ
+    if x.dtype == np.float32:
+        return examples
+    return examples.map(lambda xs, ys: (tf.cast(xs, tf.float32) / scale, ys))
+
+
+def arrays_in_batches(x, y, size):
+    """The arrays (x, y), size examples at a time, handed over by Python as the stream starts."""
+    return tf.data.Dataset.from_generator(
+        lambda: ((x[i:i + size], y[i:i + size]) for i in range(0, len(x), size)),
+        output_signature=(tf.TensorSpec((None,) + x.shape[1:], x.dtype),
+                          tf.TensorSpec((None,) + y.shape[1:], y.dtype)))
+
+
+def session_stream(dataset, seed, worker_index):
+    """The next element of dataset(session_seed), as tensors of the graph. Every session starts
+    the stream anew (start_the_data), its seed drawn from seed, this worker and the global step
+    at the session's start: no two workers share an order, and after a restart or a resume a
+    worker does not replay the mini-batches it began with."""
+    start_step = tf.compat.v1.placeholder_with_default(np.int64(0), [], name="data_start_step")
+    iterator = tf.compat.v1.data.make_initializable_iterator(
+        dataset((seed * 1000 + worker_index) * 1000003 + start_step))
+    tf.compat.v1.add_to_collection("data_starts", (iterator.initializer, start_step))
+    return iterator.get_next()
+
+
+def start_the_data(session, global_step):
+    """Start every training stream of the graph (session_stream), in a new session."""
+    for initializer, start_step in tf.compat.v1.get_collection("data_starts"):
+        session.run(initializer, {start_step: global_step})
+
+
+def test_metrics_of(test_metrics, data):
+    """The test set's stream and test_metrics(x, y) of its batches: a start op, and each batch's
+    (size, metrics). From the TFRecord files or the arrays, 1000 examples a batch, x in float32
+    scaled as in training: it may be larger than memory, and is no constant of the graph."""
+    if isinstance(data, Records):
+        batches = tf.data.TFRecordDataset(data.test_files).batch(1000).map(parse_records(data))
+    else:
+        scale = getattr(data, "x_scale", 1.0)
+        batches = arrays_in_batches(data.x_test, data.y_test, 1000).map(
+            lambda x, y: (tf.cast(x, tf.float32) / scale, y))
+    iterator = tf.compat.v1.data.make_initializable_iterator(batches)
+    x, y = iterator.get_next()
+    return iterator.initializer, (tf.shape(x)[0], test_metrics(x, y))
+
+
+def mean_over_the_test_set(session, start, batch):
+    """Each test metric, a mean over a batch, averaged over every example of the test set."""
+    session.run(start)
+    totals, examples = collections.Counter(), 0
+    while True:
+        try:
+            size, metrics = session.run(batch)
+        except tf.errors.OutOfRangeError:
+            return {name: float(totals[name] / examples) for name in metrics}
+        totals.update({name: value * size for name, value in metrics.items()})
+        examples += size
+# <<< shared: graph data
+
+
 # >>> shared: summary
 def print_summary(role, summary):
     """The run's last line, key=value ...: what users, the tests and the benchmarks read."""
@@ -714,260 +617,126 @@ def print_summary(role, summary):
 # <<< shared: summary
 
 
-# >>> shared: test metrics
-def test_metrics_in_batches(session, metrics, x, y, test_set):
-    """Each of metrics (tensors, each a mean over a batch) averaged over the whole test set, fed
-    1000 examples at a time into the placeholders x and y (test_batches): a large test set never
-    becomes a graph constant, nor needs to fit in memory."""
-    totals, examples = dict.fromkeys(metrics, 0.0), 0
-    for x_test, y_test in test_batches(test_set):
-        feed = {x: x_test, y: y_test}
-        for name, value in session.run(metrics, feed).items():
-            totals[name] += value * len(feed[x])
-        examples += len(feed[x])
-    return {name: float(total / examples) for name, total in totals.items()}
-
-
-def tensorboard_summary(metrics, loss=None):
-    """The test metrics (test_NAME), and the training loss if given, as one TensorBoard
-    summary."""
-    summary = tf.compat.v1.Summary()
-    for name, value in metrics.items():
-        summary.value.add(tag="test_" + name, simple_value=value)
-    if loss is not None:
-        summary.value.add(tag="loss", simple_value=loss)
-    return summary
-# <<< shared: test metrics
-
-
 # >>> shared: one client
 def resolve_workers(args):
-    """The workers from the flags, or else from TF_CONFIG (a "worker" job, a "chief" as worker 0,
-    and no ps); None when neither is given: this process runs alone. Sets job_name, task_index,
-    role, and connect_timeout if not given: 60 s, or 600 s under TF_CONFIG."""
-    job, index = args.job_name or "worker", args.task_index
-    if args.ps_hosts:
-        fail("this example has no parameter server: give --worker_hosts only")
-    from_flags = bool(args.worker_hosts or args.job_name)
-    if from_flags:
-        if not args.worker_hosts:
-            fail("give --worker_hosts (or set TF_CONFIG, or neither to run alone)")
-        cluster = {"worker": args.worker_hosts.replace(" ", "").split(",")}
-    elif "TF_CONFIG" in os.environ:
-        try:
+    """The workers from --worker_hosts, or else from TF_CONFIG, whose chief (or master) becomes
+    worker 0; None if neither: this process runs alone. Sets role and address."""
+    if not (args.worker_hosts or args.job_name or args.ps_hosts) and "TF_CONFIG" in os.environ:
+        try:  # TF_CONFIG becomes the flags it stands for
             config = json.loads(os.environ["TF_CONFIG"])
-            spec, job = config["cluster"], config["task"]["type"]
-            index = int(config["task"].get("index") or 0)
-            chief = list(spec.get("chief", [])) + list(spec.get("master", []))
-            cluster = {"worker": chief + list(spec.get("worker", []))}
+            spec, task = config["cluster"], config["task"]
+            chief = spec.get("chief", []) + spec.get("master", [])
+            args.worker_hosts = ",".join(chief + spec.get("worker", []))
+            args.job_name = "worker" if task["type"] in ("chief", "master") else task["type"]
+            args.task_index = int(task.get("index") or 0) + (
+                len(chief) if task["type"] == "worker" else 0)  # the workers after the chief
         except (ValueError, KeyError, TypeError, AttributeError) as e:
-            fail("TF_CONFIG is not valid cluster JSON with a worker job (%s: %s)"
-                 % (type(e).__name__, e))
-        if spec.get("ps"):
-            fail("this example has no parameter server: TF_CONFIG names a ps job")
-        if job in ("chief", "master"):  # a chief is the client: worker 0
-            job, index = "worker", 0
-        elif job == "worker":
-            index += len(chief)  # the workers come after the chief
-    else:
-        args.job_name, args.role = "", "local"
+            fail("TF_CONFIG is not valid cluster JSON (%s: %s)" % (type(e).__name__, e))
+        args.connect_timeout = args.connect_timeout or 600.0  # pods may start minutes apart
+    if args.ps_hosts or args.job_name and not args.worker_hosts:
+        fail("give --worker_hosts, and no --ps_hosts: this example has no parameter server")
+    args.role = "worker%d" % args.task_index if args.worker_hosts else "local"
+    if not args.worker_hosts:
         return None
-    if args.connect_timeout is None:  # a cluster's pods may start minutes apart
-        args.connect_timeout = 60.0 if from_flags else 600.0
-    check_cluster(cluster, job, index)
-    args.job_name, args.task_index, args.role = job, index, "worker%d" % index
+    cluster = {"worker": args.worker_hosts.replace(" ", "").split(",")}
+    args.job_name, args.connect_timeout = args.job_name or "worker", args.connect_timeout or 60.0
+    check_cluster(cluster, args.job_name, args.task_index)
+    args.address = cluster["worker"][args.task_index]
     return cluster
 
 
-def task_config(args):
-    """A session's and a server's devices: --devices CPU devices (logical ones share the cores),
-    and one thread per op, to leave cores to the other tasks on the same machine."""
-    return tf.compat.v1.ConfigProto(device_count={"CPU": args.devices},
-                                    intra_op_parallelism_threads=1)
-
-
-def run_task(args, cluster, train, data):
-    """Load TensorFlow; alone, train in this process; in a cluster, start this task's server,
-    then worker 0 trains (it is the client: train(args, cluster, target, data)) and the others
-    serve."""
-    global tf  # loaded only now: bad input has failed in one line, without TensorFlow's start-up
-    if cluster and port_taken(cluster["worker"][args.task_index]):
-        fail("%s: port %s is already in use: by an earlier run, or another program?"
-             % (args.role, cluster["worker"][args.task_index]))
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before the import: no C++ info lines
-    import tensorflow as tf
-    tf.compat.v1.disable_eager_execution()
-    tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)
+@contextlib.contextmanager
+def errors_in_one_line(args):
+    """A TensorFlow error that ends this task (its port taken, a worker lost) as one line."""
     try:
-        if not cluster:
-            return train(args, None, "", data)
-        server = tf.compat.v1.train.Server(cluster, job_name="worker",
-                                           task_index=args.task_index, config=task_config(args))
-        if args.task_index > 0:
-            return serve(args, cluster, server)
-        return train(args, cluster, server.target, data)
+        yield
     except tf.errors.OpError as e:
+        if "Could not start gRPC server" in e.message:  # gRPC could not bind the port
+            fail("%s: port %s is already in use: by an earlier run, or another program?"
+                 % (args.role, args.address))
         lost = isinstance(e, (tf.errors.UnavailableError, tf.errors.DeadlineExceededError))
         why = "a worker is gone or did not answer within --step_timeout" if lost else cause(e)
-        print("error: %s stopped: %s: %s" % (args.role, type(e).__name__, why),
-              file=sys.stderr, flush=True)
-        sys.stdout.flush()
-        os._exit(2)  # the session's threads, stuck on the lost worker, would keep exit() waiting
+        print("error: %s stopped: %s: %s" % (args.role, type(e).__name__, why), file=sys.stderr)
+        os._exit(2)  # exit() would close the session, which waits for ever on a lost worker
 
 
 def run_over_flag(index):
-    """A flag on worker index that the client raises when the run is over. The variable has the
-    same name in the client's graph and in the worker's, so the worker reads what the client
-    writes, on its own device: ending needs no other task."""
+    """The flag the client raises at the end, on worker index: a local variable, one name in both
+    graphs, which each session of the client sets up and no checkpoint holds."""
     with tf.compat.v1.device("/job:worker/task:%d" % index):
-        return tf.compat.v1.Variable(False, collections=[], name="run_over_%d" % index)
+        return tf.compat.v1.get_local_variable("run_over_%d" % index, initializer=False)
 
 
 def serve(args, cluster, server):
-    """A worker other than the client runs what the client's graph places on it until the
-    client says the run is over; TensorFlow's server never ends by itself. A client that is
-    lost or restarts does not end it (a restarted client resumes with the same workers). A
-    worker whose flag no client has set up within --connect_timeout served no one: an error."""
-    index = args.task_index
+    """Serve the client's graph until it raises this worker's flag (a server never ends by
+    itself); a flag that no client set up within --connect_timeout: an error."""
     with tf.Graph().as_default():
-        run_over = run_over_flag(index)
+        run_over = run_over_flag(args.task_index)
         set_up = tf.compat.v1.is_variable_initialized(run_over)
         session = tf.compat.v1.Session(server.target, config=tf.compat.v1.ConfigProto(
-            device_filters=["/job:worker/task:%d" % index]))  # itself: nobody else to wait for
-    print("[%s] serving %d device(s) at %s for the client, worker 0" % (
-        args.role, args.devices, cluster["worker"][index]), flush=True)
-    if not wait_for(lambda: session.run(set_up), args.connect_timeout, waiting=lambda: (
-            "[%s] waiting for the client (worker0) at %s" % (args.role, cluster["worker"][0]))):
-        fail("%s: no client came within %g s: this worker served no one"
-             % (args.role, args.connect_timeout))
+            device_filters=["/job:worker/task:%d" % args.task_index]))  # no other to wait for
+    print("[%s] serving %d device(s) for the client, worker 0 at %s"
+          % (args.role, args.devices, cluster["worker"][0]), flush=True)
+    if not wait_for(lambda: session.run(set_up), args.connect_timeout):
+        fail("%s: no client set this worker up within %g s" % (args.role, args.connect_timeout))
     wait_for(lambda: session.run(run_over))
     print("[%s] the run is over; shutting down" % args.role, flush=True)
     return 0
 
 
-def run_devices(args, cluster):
-    """The devices that carry the model, in order: --devices of each worker task (or of this
-    process alone), its GPUs if this machine has that many, else CPUs (task_config makes
-    them); and the controller, the client's CPU, where the shared variables and the input go."""
-    kind = "GPU" if len(tf.config.list_physical_devices("GPU")) >= args.devices else "CPU"
-    tasks = ["/job:worker/task:%d" % i for i in range(len(cluster["worker"]))] if cluster else [""]
-    devices = ["%s/device:%s:%d" % (task, kind, d) for task in tasks for d in range(args.devices)]
-    return devices, tasks[0] + "/device:CPU:0"
-
-
 class Client(object):
-    """The client's session, progress lines, checkpoints, test metrics, TensorBoard summaries
-    and summary line, given what train() built: test_metrics(x, y), a dict of metric tensors for
-    a batch of test examples (each a mean over the batch), and test_set (the data, or arrays
-    (x, y): test_batches), fed to it in batches. Made under a device scope, the metrics run
-    there."""
+    """The client's SessionRunHook (each run one update): progress, TensorBoard, the summary."""
 
-    def __init__(self, args, cluster, test_metrics, test_set):
-        self.args, self.cluster, self.test_set = args, cluster, test_set
-        self.global_step = tf.compat.v1.train.get_or_create_global_step()
-        x_test, y_test = next(test_batches(test_set, 1))  # an example: the placeholders' types
-        self.test_x = tf.compat.v1.placeholder(x_test.dtype, (None,) + x_test.shape[1:])
-        self.test_y = tf.compat.v1.placeholder(y_test.dtype, (None,) + y_test.shape[1:])
-        self.test_metrics = test_metrics(self.test_x, self.test_y)
-        self.step, self.history = 0, []
-        others = range(1, len(cluster["worker"])) if cluster else []
-        self.run_over = [run_over_flag(k) for k in others]  # every other worker's own flag
-        self.raise_run_over = [flag.assign(True) for flag in self.run_over]
+    def __init__(self, args, cluster, loss, test_metrics, data, **summary):
+        self.args, self.loss, self.summary = args, loss, summary
+        self.workers = cluster["worker"] if cluster else ["this process"]
+        self.test_set = test_metrics_of(test_metrics, data)
+        self.end_run = [run_over_flag(k).assign(True) for k in range(1, len(self.workers))]
+        self.writer = tf.compat.v1.summary.FileWriterCache.get(args.log_dir)
 
-    def start(self, target, devices):
-        """The session, once every worker answers; the variables restored from --log_dir or
-        initialised."""
-        args, role = self.args, self.args.role
-        self.saver = tf.compat.v1.train.Saver()  # the variables, wherever they live
-        init = tf.compat.v1.global_variables_initializer()
-        tf.compat.v1.get_default_graph().finalize()  # a loop that adds ops would grow forever
-        workers = self.cluster["worker"] if self.cluster else []
-        silent = lambda: [w for w in workers if not is_listening(w)]
-        if not wait_for(lambda: not silent(), args.connect_timeout, waiting=lambda: (
-                "[%s] waiting for the worker(s) at %s" % (role, ",".join(silent())))):
-            fail("%s: cannot reach the worker(s) at %s: are they running?"
-                 % (role, ",".join(silent())))
-        config = task_config(args)
-        config.operation_timeout_in_ms = int(args.step_timeout * 1000)  # a lost worker: an error
-        session = tf.compat.v1.Session(target, config=config)
-        print("[%s] client: log_dir=%s" % (role, args.log_dir), flush=True)
-        print("[%s] the model on %d device(s): %s" % (role, len(devices), " ".join(devices)),
-              flush=True)
-        self.writer = tf.compat.v1.summary.FileWriter(args.log_dir, session.graph)
-        session.run([flag.initializer for flag in self.run_over])  # the run is not over
-        checkpoint = tf.train.latest_checkpoint(args.log_dir)
-        if checkpoint:
-            self.saver.restore(session, checkpoint)
-            print("[%s] resuming from the checkpoint at global step %d"
-                  % (role, session.run(self.global_step)), flush=True)
-        else:
-            session.run(init)
-        self.step = self.start_step = int(session.run(self.global_step))
-        start_the_data(session, self.step)  # a resumed run draws a new order, no replay
-        self.last_checkpoint = 0.0  # the first progress line saves one
-        self.start_clock()  # again at the first update
-        print("[%s] training started" % role, flush=True)
-        return session
+    def begin(self):  # before the session starts: every other worker answers
+        silent = lambda: [w for w in self.workers[1:] if not is_listening(w)]
+        if not wait_for(lambda: not silent(), self.args.connect_timeout, waiting=lambda: (
+                "[%s] waiting for the worker(s) at %s" % (self.args.role, ",".join(silent())))):
+            fail("%s: no worker at %s: are they running?" % (self.args.role, ",".join(silent())))
 
-    def start_clock(self):
-        """The run's clock (its rates, its history's seconds) starts once the first update has
-        returned, in every example: set-up, and the first step's own preparation, untimed."""
-        self.started = self.progress_time = time.time()
-        self.timed_from_step = self.progress_step = self.step
+    def after_create_session(self, session, coord):  # the data in an order of this session's
+        self.step = self.start_step = int(session.run(tf.compat.v1.train.get_global_step()))
+        self.started = time.time()
+        start_the_data(session, self.step)
+        print("[%s] training from global step %d: log_dir=%s"
+              % (self.args.role, self.step, self.args.log_dir), flush=True)
+        if self.step >= self.args.steps:
+            coord.request_stop()  # (StopAtStepHook looks only after a step)
 
-    def after_update(self, session, loss, global_step):
-        """Count the update; every --log_every steps a progress line with the test metrics and,
-        once every 30 s, a checkpoint."""
-        first = self.step == self.start_step
-        self.step = int(global_step)
-        if first:  # the clock starts as the first update returns (start_clock)
-            self.start_clock()
-        if self.step % self.args.log_every:
-            return
-        rate = (self.step - self.progress_step) / (time.time() - self.progress_time)
-        line = "[%s] global_step=%d loss=%.4f" % (self.args.role, self.step, loss)
-        for name, value in self.evaluate(session, self.step, loss).items():
-            line += " test_%s=%.4f" % (name, value)
-        print(line + " steps_per_sec=%.1f" % rate, flush=True)
-        if time.time() > self.last_checkpoint + 30:
-            self.save(session)
-        self.progress_step, self.progress_time = self.step, time.time()
+    def before_run(self, run_context):
+        return tf.compat.v1.train.SessionRunArgs(self.loss)
 
-    def save(self, session):
-        """A checkpoint of every variable, in --log_dir (the last 5 are kept)."""
-        self.saver.save(session, os.path.join(self.args.log_dir, "model.ckpt"), self.step)
-        self.last_checkpoint = time.time()
+    def after_run(self, run_context, run_values):  # every --log_every steps a progress line
+        self.step, loss = self.step + 1, run_values.results
+        if self.step % self.args.log_every == 0:
+            metrics = self.evaluate(run_context.session, loss=loss)
+            print("[%s] global_step=%d loss=%.4f%s" % (self.args.role, self.step, loss, "".join(
+                " %s=%.4f" % metric for metric in metrics.items())), flush=True)
 
-    def evaluate(self, session, global_step, loss=None):
-        """The test metrics, each a mean over the test set, fed 1000 examples at a time (a large
-        test set is never a graph constant); also to TensorBoard, with the loss if given."""
-        metrics = test_metrics_in_batches(session, self.test_metrics, self.test_x, self.test_y,
-                                          self.test_set)
-        self.writer.add_summary(tensorboard_summary(metrics, loss), global_step)
-        seconds = round(time.time() - self.started, 3)
-        self.history.append([seconds, global_step] + list(metrics.values()))
+    def evaluate(self, session, **scalars):  # test_NAME over the test set, to TensorBoard too
+        metrics = {"test_" + name: value
+                   for name, value in mean_over_the_test_set(session, *self.test_set).items()}
+        self.writer.add_summary(tf.compat.v1.Summary(value=[
+            tf.compat.v1.Summary.Value(tag=tag, simple_value=value)
+            for tag, value in dict(metrics, **scalars).items()]), self.step)
         return metrics
 
-    def end(self, session, **extra):
-        """The last checkpoint and evaluation, and the summary line with the example's extra
-        fields; then the client tells the other workers that the run is over."""
-        self.step = int(session.run(self.global_step))
-        self.save(session)
-        updates, seconds = self.step - self.start_step, time.time() - self.started
-        rate = (self.step - self.timed_from_step) / seconds
-        workers = len(self.cluster["worker"]) if self.cluster else 1
-        summary = dict(example=EXAMPLE)
-        for name, value in self.evaluate(session, self.step).items():  # what it saved
-            summary["test_" + name] = value
-        summary.update(global_step=self.step, workers=workers, ps=0, lost_workers=0,
-                       local_steps=[updates], updates=updates, timed_from_step=self.timed_from_step,
-                       timed_seconds=seconds, steps_per_sec=rate,
-                       examples_per_sec=rate * self.args.batch_size, **extra)
-        print_summary(self.args.role, summary, self.history, self.args.metrics_file)
-        self.writer.close()
-        session.run(self.raise_run_over)
-        session.close()
-        return 0
+    def end(self, session):  # after CheckpointSaverHook's last save; then the run is over
+        updates = self.step - self.start_step
+        summary = dict(example=EXAMPLE, **self.evaluate(session))
+        summary.update(global_step=self.step, workers=len(self.workers), ps=0, lost_workers=0,
+                       local_steps=[updates], updates=updates,
+                       steps_per_sec=updates / (time.time() - self.started))
+        summary.update({key: v() if callable(v) else v for key, v in self.summary.items()})
+        print_summary(self.args.role, summary)
+        self.writer.flush()
+        session.run(self.end_run)
 # <<< shared: one client
 
 

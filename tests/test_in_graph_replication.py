@@ -1,9 +1,11 @@
 """In-Graph-Replication: every tower gets its own slice of the mini-batch, the averaged gradient is
 the whole mini-batch's, the towers run where they are placed (devices of one process, or worker
 tasks), the tower count follows --devices, training matches one device, and every process ends
-by itself, or in one line when a worker is lost."""
+by itself, or in one line when a worker is lost. The plumbing of one client (its session, the
+workers that serve it, their waits), which Model-Parallel-Pipeline shares, is tested here."""
 import os
 import signal
+import socket
 import time
 
 import numpy as np
@@ -12,7 +14,8 @@ import pytest
 from support.examples import error_lines, load_train_module, run_train
 from support.in_process import fixed_batch, gradient_reference, values
 from support.processes import assert_nothing_left, free_ports
-from support.runs import finish, read_until, start_example, started_pid, summary_of
+from support.runs import (Tasks, finish, read_until, scalars, start_example, started_pid,
+                          summary_of)
 
 EXAMPLE = "In-Graph-Replication"
 
@@ -125,31 +128,42 @@ def test_on_a_cluster_each_worker_task_runs_its_tower_and_task_0_holds_the_varia
 
 
 # --- Whole runs ----------------------------------------------------------------------------------
-@pytest.mark.parametrize("devices", [1, 3])
-def test_the_tower_count_follows_devices(devices, tmp_path):
-    code, out, err = run_train(EXAMPLE, ["--devices", str(devices), "--batch_size", "48",
-                                         "--steps", "20", "--log_dir", str(tmp_path)])
-    assert code == 0, err[-2000:]
-    assert summary_of(out)["towers"] == str(devices)
-    assert "[local] the model on %d device(s)" % devices in out
+def losses_of(output):
+    return [float(line.split("loss=")[1].split()[0]) for line in output.splitlines()
+            if " loss=" in line]
 
 
-def test_two_devices_train_as_one_process_does_at_the_same_examples_seen(tmp_path):
-    """Non-Distributed-Setup and two towers, with the same seed and mini-batches: the same
-    losses along the way and the same test accuracy at the end."""
+def test_the_tower_count_follows_devices_and_three_towers_train_as_one_does(tmp_path):
+    """One tower and three, with the same seed and mini-batches: the same losses along the way
+    and the same test accuracy at the end (the towers only split the work)."""
     runs = {}
-    for example, extra in (("Non-Distributed-Setup", []), (EXAMPLE, ["--devices", "2"])):
-        code, out, err = run_train(example, ["--steps", "300", "--log_dir",
-                                             str(tmp_path / example)] + extra, timeout=120)
+    for devices in (1, 3):
+        code, out, err = run_train(EXAMPLE, [
+            "--devices", str(devices), "--batch_size", "48", "--steps", "300",
+            "--log_dir", str(tmp_path / str(devices))], timeout=180)
         assert code == 0, err[-2000:]
-        runs[example] = out
-    losses = {e: [l.split("loss=")[1].split()[0] for l in out.splitlines() if " loss=" in l]
-              for e, out in runs.items()}
-    assert len(losses[EXAMPLE]) == 3
-    np.testing.assert_allclose(np.array(losses[EXAMPLE], float),
-                               np.array(losses["Non-Distributed-Setup"], float), atol=2e-3)
+        assert summary_of(out)["towers"] == str(devices)
+        assert "[local] the model on %d device(s)" % devices in out
+        runs[devices] = out
+    assert len(losses_of(runs[3])) == 3
+    np.testing.assert_allclose(losses_of(runs[3]), losses_of(runs[1]), atol=2e-3)
     accuracies = [float(summary_of(out)["test_accuracy"]) for out in runs.values()]
     assert abs(accuracies[0] - accuracies[1]) <= 0.01, accuracies
+
+
+def test_a_rerun_with_the_same_log_dir_resumes_and_a_finished_run_takes_no_step(tmp_path):
+    log_dir = ["--log_dir", str(tmp_path), "--devices", "2"]
+    summaries = []
+    for steps in (200, 300, 300):  # a run, its resume to 300, and a rerun of the finished run
+        code, out, err = run_train(EXAMPLE, ["--steps", str(steps)] + log_dir, timeout=180)
+        assert code == 0, err[-2000:]
+        summaries.append(summary_of(out))
+    assert "[local] training from global step 300: log_dir=%s" % tmp_path in out
+    assert [(s["global_step"], s["updates"]) for s in summaries] == [
+        ("200", "200"), ("300", "100"), ("300", "0")]
+    written = scalars(str(tmp_path))
+    assert [step for _, step, _ in written["loss"]] == [100, 200, 300]  # each progress line
+    assert [step for _, step, _ in written["test_accuracy"]] == [100, 200, 200, 300, 300, 300]
 
 
 def test_a_batch_that_does_not_split_over_the_towers_fails_in_one_line(tmp_path):
@@ -183,12 +197,71 @@ def test_under_tf_config_a_chief_is_the_client_and_the_workers_follow_it(task, r
 
 
 def test_across_two_tasks_its_client_drives_both(default_runs):
-    # the bar, and every process ending by itself: test_examples_end_to_end.py
+    # the bar, the test metrics in TensorBoard, every process ending by itself:
+    # test_examples_end_to_end.py
     run = default_runs[EXAMPLE]
     summary = run.summary()
     assert summary["towers"] == "2" and summary["workers"] == "2"
-    assert summary["global_step"] == "2000"
-    assert "[worker1] serving 1 device(s)" in run.output
+    assert summary["global_step"] == "2000" and summary["local_steps"] == "2000"
+    assert "[worker1] serving 1 device(s) for the client, worker 0 at localhost:" in run.output
+    loss = scalars(run.log_dir)["loss"]  # the training loss at each progress line
+    assert [step for _, step, _ in loss] == list(range(100, 2001, 100))
+
+
+def test_a_port_in_use_fails_in_one_line(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("", free_ports(1)[0]))
+        address = "localhost:%d" % taken.getsockname()[1]
+        code, out, err = run_train(EXAMPLE, ["--worker_hosts", address,
+                                             "--log_dir", str(tmp_path)], timeout=120)
+    assert code == 2 and "Traceback" not in err, err[-2000:]
+    assert error_lines(err) == ["error: worker0: port %s is already in use: by an earlier run, "
+                                "or another program?" % address]
+
+
+def test_a_client_without_its_workers_and_a_worker_without_its_client_give_up_in_one_line(
+        tmp_path):
+    # three workers, the third never started: the client waits --connect_timeout for it, and
+    # the second, never set up by a client, as long
+    tasks = Tasks(EXAMPLE, tmp_path, 3, "--connect_timeout", "5", "--batch_size", "48", ps=0)
+    try:
+        client, worker = tasks.start("worker", 0), tasks.start("worker", 1)
+        assert client.wait(timeout=120) == 2 and worker.wait(timeout=120) == 2
+    finally:
+        tasks.stop_all()
+    third = tasks.common[tasks.common.index("--worker_hosts") + 1].split(",")[2]
+    gave_up = error_lines(tasks.output("worker0"))  # (the second too, if it started late)
+    assert len(gave_up) == 1 and gave_up[0].startswith("error: worker0: no worker at ") and \
+        gave_up[0].endswith("%s: are they running?" % third), gave_up
+    assert error_lines(tasks.output("worker1")) == [
+        "error: worker1: no client set this worker up within 5 s"]
+    assert_nothing_left(str(tmp_path))
+
+
+def test_a_restarted_client_finds_its_workers_serving_and_ends_them_at_the_end(tmp_path):
+    # the client killed mid-run: the other worker serves on; the client started again (as a
+    # restart policy would) sets its flag up anew, trains to the end, and ends it
+    tasks = Tasks(EXAMPLE, tmp_path, 2, "--steps", "400", "--log_every", "50", ps=0)
+    try:
+        worker, client = tasks.start("worker", 1), tasks.start("worker", 0)
+        tasks.wait_for_line("worker0", "global_step=50 ", timeout=120)
+        client.kill()
+        client.wait()
+        time.sleep(2)  # the client's outage: the worker does not end with it
+        assert worker.poll() is None, tasks.output("worker1")
+        client = tasks.start("worker", 0)
+        assert client.wait(timeout=120) == 0, tasks.output("worker0")
+        assert worker.wait(timeout=30) == 0, tasks.output("worker1")
+    finally:
+        tasks.stop_all()
+    assert tasks.summary()["global_step"] == "400"
+    assert tasks.output("worker1").endswith("[worker1] the run is over; shutting down")
+    # the flag is no variable of the model's: a checkpoint that held it could not be resumed
+    # on another number of workers
+    import tensorflow as tf
+    saved = tf.train.list_variables(tf.train.latest_checkpoint(str(tmp_path / "logs")))
+    assert not [name for name, _ in saved if name.startswith("run_over")], saved
+    assert_nothing_left(str(tmp_path))
 
 
 def test_a_lost_worker_ends_the_client_in_one_line_and_nothing_is_left(tmp_path):
@@ -200,8 +273,9 @@ def test_a_lost_worker_ends_the_client_in_one_line_and_nothing_is_left(tmp_path)
     run = finish(proc, timeout=60)
     assert run.code == 1, run.output[-3000:]
     assert time.time() - killed_at < 40
-    errors = [l for _, l in run.lines if "] error: " in l]
-    assert len(errors) == 1 and "a worker is gone or did not answer" in errors[0], errors
+    errors = [l for _, l in run.lines if "] error: " in l]  # (a step cut short, or timed out)
+    assert len(errors) == 1 and errors[0].startswith("[worker0] error: worker0 stopped: ") and \
+        errors[0].endswith(": a worker is gone or did not answer within --step_timeout"), errors
     assert "Traceback" not in run.output
     assert "[run.sh] failed: worker1 (exit 137)" in run.output or "worker0 (exit 2)" in run.output
     assert_nothing_left(str(tmp_path))

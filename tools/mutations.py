@@ -49,6 +49,10 @@ TOWERS = node("tests/test_in_graph_replication.py",
               "test_one_update_moves_the_parameters_by_the_whole_batchs_gradient")
 BUSY_TIME = node("tests/test_model_parallel_pipeline.py",
                  "test_a_stages_busy_time_is_its_devices_work_gpu_streams_included_never_its_waits")
+PIPELINE = "tests/test_model_parallel_pipeline.py"
+ONE_CLIENT = "tests/test_in_graph_replication.py"  # the plumbing of one client is tested there
+RESTARTED_CLIENT = node(ONE_CLIENT, "test_a_restarted_client_finds_its_workers_serving_and_ends_"
+                        "them_at_the_end")
 # the SIGTERM run of MultiWorkerMirroredStrategy, SIGTERM to worker 1 and again after the resume
 MWMS_SIGTERM = node("tests/test_multi_worker_mirrored_strategy.py", "test_a_sigterm_saves_a_"
                     "checkpoint_at_one_step_on_every_worker_and_the_rerun_resumes_there[worker1]")
@@ -462,6 +466,39 @@ MUTATIONS = [
     Mutation("In-Graph-Replication: the towers' gradients summed, not averaged",
              "In-Graph-Replication/train.py", "[tf.add_n(list(g)) / len(devices) for g",
              "[tf.add_n(list(g)) for g", TOWERS, None),
+    Mutation("In-Graph-Replication: every tower on the first device",
+             "In-Graph-Replication/train.py",
+             'with tf.compat.v1.device(device), tf.compat.v1.name_scope("tower%d" % i):',
+             'with tf.compat.v1.device(devices[0]), tf.compat.v1.name_scope("tower%d" % i):',
+             node(ONE_CLIENT, "test_each_tower_runs_on_its_own_device_and_the_update_on_the_"
+                  "controller", "test_on_a_cluster_each_worker_task_runs_its_tower_and_task_0_"
+                  "holds_the_variables"), None),
+    Mutation("One client: a finished run, resumed, takes one more step",
+             "In-Graph-Replication/train.py", "if self.step >= self.args.steps:", "if False:",
+             node(ONE_CLIENT, "test_a_rerun_with_the_same_log_dir_resumes_and_a_finished_run_"
+                  "takes_no_step"), None),
+    Mutation("One client: a port in use told as any other error", "In-Graph-Replication/train.py",
+             'if "Could not start gRPC server" in e.message:', "if False:",
+             node(ONE_CLIENT, "test_a_port_in_use_fails_in_one_line"), None),
+    Mutation("One client: a worker serves for ever when no client comes",
+             "In-Graph-Replication/train.py",
+             "if not wait_for(lambda: session.run(set_up), args.connect_timeout):",
+             "if not wait_for(lambda: session.run(set_up)):",
+             node(ONE_CLIENT, "test_a_client_without_its_workers_and_a_worker_without_its_client_"
+                  "give_up_in_one_line"), None),
+    Mutation("One client: a lost worker's client exits as usual (its session's close hangs)",
+             "In-Graph-Replication/train.py", "        os._exit(2)  # exit() would close",
+             "        sys.exit(2)  # exit() would close",
+             node(ONE_CLIENT, "test_a_lost_worker_ends_the_client_in_one_line_and_nothing_is_"
+                  "left"), None),
+    Mutation("One client: a worker ends with its client (none is left for a restarted one)",
+             "In-Graph-Replication/train.py", "    wait_for(lambda: session.run(run_over))\n",
+             "    wait_for(lambda: session.run(run_over) or not is_listening("
+             "cluster['worker'][0]))\n",
+             RESTARTED_CLIENT, None),
+    Mutation("One client: the run-over flag a global variable, which the checkpoints hold",
+             "In-Graph-Replication/train.py", "tf.compat.v1.get_local_variable(",
+             "tf.compat.v1.get_variable(", RESTARTED_CLIENT, None),
     Mutation("Model-Parallel-Pipeline: a stage may get no layer",
              "Model-Parallel-Pipeline/train.py",
              "for count in range(1, len(weights) - first - stages + 2):",
@@ -478,6 +515,26 @@ MUTATIONS = [
              "Model-Parallel-Pipeline/train.py", "tf.add_n(list(g)) / micro_batches)",
              "tf.add_n(list(g)))", node("tests/test_model_parallel_pipeline.py",
                                   "test_m_micro_batches_give_the_same_update_as_one"), None),
+    Mutation("Model-Parallel-Pipeline: every layer's variables on the first stage",
+             "Model-Parallel-Pipeline/train.py",
+             "with tf.compat.v1.device(devices[stage]):  # each layer's variables on its stage",
+             "with tf.compat.v1.device(devices[0]):  # each layer's variables on its stage",
+             node(PIPELINE, "test_each_layer_lives_and_works_on_its_stages_task"), None),
+    Mutation("Model-Parallel-Pipeline: a stage's last layer without its ReLU (logits too soon)",
+             "Model-Parallel-Pipeline/train.py",
+             "h = layer_forward(layers[i], h, is_last=i == len(layers) - 1)",
+             "h = layer_forward(layers[i], h, is_last=stage_of[i + 1:i + 2] != [stage])",
+             node(PIPELINE, "test_the_split_models_loss_and_gradients_equal_the_unsplit_models"),
+             None),
+    Mutation("Model-Parallel-Pipeline: every micro-batch the whole mini-batch",
+             "Model-Parallel-Pipeline/train.py",
+             "x_micro, y_micro = tf.split(x, micro_batches), tf.split(y, micro_batches)",
+             "x_micro, y_micro = [x] * micro_batches, [y] * micro_batches",
+             node(PIPELINE, "test_the_micro_batches_are_different_slices_of_the_mini_batch"), None),
+    Mutation("Model-Parallel-Pipeline: overlapping busy intervals counted twice",
+             "Model-Parallel-Pipeline/train.py", "if reached is None or start > reached:",
+             "if True:", node(PIPELINE, "test_covered_time_counts_overlapping_intervals_once"),
+             None),
     Mutation("Model-Parallel-Pipeline: a stage waits for the last stage (no pipeline)",
              "Model-Parallel-Pipeline/train.py", "[last_output[stage]] if m else []",
              "[last_output[-1]] if m else []",

@@ -188,16 +188,16 @@ def kill_mid_run(example, tmp_path, args=(), victim="worker1", env=None, timeout
 
 
 class Tasks(object):
-    """The tasks of one cluster of an example on localhost, started one by one as a test says
-    (no run.sh); each task's output is collected in a thread (with arrival times) and all of
-    them are stopped at the end whatever happened."""
+    """The tasks of one cluster of an example on localhost (ps tasks, 1 by default, and
+    workers), started one by one as a test says (no run.sh); each task's output is collected in
+    a thread (with arrival times) and all of them are stopped at the end whatever happened."""
 
-    def __init__(self, example, tmp_path, workers, *args):
-        ports = free_ports(1 + workers)
-        self.common = [sys.executable, os.path.join(example_dir(example), "train.py"),
-                       "--ps_hosts", "localhost:%d" % ports[0], "--worker_hosts",
-                       ",".join("localhost:%d" % p for p in ports[1:]),
-                       "--log_dir", str(tmp_path / "logs")] + list(args)
+    def __init__(self, example, tmp_path, workers, *args, ps=1):
+        hosts = ["localhost:%d" % port for port in free_ports(ps + workers)]
+        cluster = (["--ps_hosts", ",".join(hosts[:ps])] if ps else []) + [
+            "--worker_hosts", ",".join(hosts[ps:])]
+        self.common = [sys.executable, os.path.join(example_dir(example), "train.py")] + \
+            cluster + ["--log_dir", str(tmp_path / "logs")] + list(args)
         self.env = environment_without_tf_config()
         self.procs, self.lines = {}, {}
 
