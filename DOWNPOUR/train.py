@@ -478,13 +478,13 @@ def read_records(folder):
     test-*.tfrecord (tf.train.Examples of x, the array's bytes, and y) and meta.json."""
     try:
         names = sorted(os.listdir(folder))
-        train, test = ([os.path.join(folder, name) for name in names if name.startswith(
+        train_files, test_files = ([os.path.join(folder, name) for name in names if name.startswith(
             part + "-") and name.endswith(".tfrecord")] for part in ("train", "test"))
-        if not train or not test:
-            raise ValueError("no %s-*.tfrecord files" % ("test" if train else "train"))
+        if not train_files or not test_files:
+            raise ValueError("no %s-*.tfrecord files" % ("test" if train_files else "train"))
         with open(os.path.join(folder, "meta.json")) as f:
             meta = json.load(f)
-        return Records(train, test, tuple(meta["x_shape"]), np.dtype(meta["x_dtype"]),
+        return Records(train_files, test_files, tuple(meta["x_shape"]), np.dtype(meta["x_dtype"]),
                        float(meta["x_scale"]), meta["num_classes"])
     except (OSError, ValueError, KeyError, TypeError) as e:
         fail("%s is no folder of TFRecord files (%s): write one with python "

@@ -40,7 +40,6 @@ References
 import argparse
 import collections
 import contextlib
-import glob
 import json
 import os
 import socket
@@ -245,7 +244,7 @@ def main(argv=None):
 # ==================================================================================================
 # train() hands it what it built: nothing here knows the model or the algorithm. Each block is
 # the same text in every train.py that uses it (a test compares them); this file's, in order:
-# flags, tasks, npz, records, graph data, summary, one client.
+# flags, tasks, npz, records, graph arrays, graph stream, graph test set, summary, one client.
 # >>> shared: flags
 def fail(message):
     """One line on stderr and exit status 2: for bad input and lost peers, never for bugs."""
@@ -391,22 +390,28 @@ def read_npz(path):
 
 
 # >>> shared: records
-Records = collections.namedtuple("Records", "train_files test_files shape dtype x_scale "
-                                 "num_classes")
+class Records(collections.namedtuple("Records", "train_files test_files shape dtype x_scale "
+                                           "num_classes")):
+    """--data_path's TFRecord files (read_records), and their test set as it streams."""
+
+    def test_batches(self, size):
+        return tf.data.TFRecordDataset(self.test_files).batch(size).map(parse_records(self))
 
 
 def read_records(folder):
     """--data_path's folder as tools/npz_to_tfrecord.py writes it: train-*.tfrecord and
     test-*.tfrecord (tf.train.Examples of x, the array's bytes, and y) and meta.json."""
-    train, test = (sorted(glob.glob(os.path.join(folder, part + "-*.tfrecord")))
-                   for part in ("train", "test"))
     try:
+        names = sorted(os.listdir(folder))
+        train_files, test_files = ([os.path.join(folder, name) for name in names if name.startswith(
+            part + "-") and name.endswith(".tfrecord")] for part in ("train", "test"))
+        if not train_files or not test_files:
+            raise ValueError("no %s-*.tfrecord files" % ("test" if train_files else "train"))
         with open(os.path.join(folder, "meta.json")) as f:
             meta = json.load(f)
-        assert train and test, "no %s files" % ("train-*.tfrecord" if test else "test-*.tfrecord")
-        return Records(train, test, tuple(meta["x_shape"]), np.dtype(meta["x_dtype"]),
+        return Records(train_files, test_files, tuple(meta["x_shape"]), np.dtype(meta["x_dtype"]),
                        float(meta["x_scale"]), meta["num_classes"])
-    except (OSError, ValueError, KeyError, TypeError, AssertionError) as e:
+    except (OSError, ValueError, KeyError, TypeError) as e:
         fail("%s is no folder of TFRecord files (%s): write one with python "
              "tools/npz_to_tfrecord.py DATA.npz FOLDER" % (folder, e))
 
@@ -419,6 +424,9 @@ def records_dataset(data, batch_size, worker_index, num_workers, seed):
         fail("%d training file(s) for %d workers: each worker reads files of its own; write at "
              "least %d (npz_to_tfrecord.py --shards)" % (len(data.train_files), num_workers,
                                                          num_workers))
+    if isinstance(worker_index, int):  # (a tensor under ParameterServerStrategy)
+        print("[worker%d] reading training files: %s" % (worker_index, ",".join(os.path.basename(
+            f) for f in data.train_files[worker_index::num_workers])), flush=True)
     files = tf.data.Dataset.from_tensor_slices(data.train_files).shard(num_workers, worker_index)
     records = files.shuffle(len(data.train_files), seed=seed).interleave(
         tf.data.TFRecordDataset, cycle_length=4, num_parallel_calls=tf.data.AUTOTUNE)
@@ -438,7 +446,7 @@ def parse_records(data):
 # <<< shared: records
 
 
-# >>> shared: graph data
+# >>> shared: graph arrays
 def arrays_dataset(x, y, worker_index, num_workers, seed, scale=1.0):
     """This worker's shard of the arrays (x, y), example by example, in a new order every epoch,
     integer pixels divided by scale. No constant of the graph (its GraphDef would hold the
@@ -446,19 +454,13 @@ def arrays_dataset(x, y, worker_index, num_workers, seed, scale=1.0):
     examples = arrays_in_batches(x[worker_index::num_workers], y[worker_index::num_workers],
                                  len(x)).unbatch()
     examples = examples.shuffle(len(x) // num_workers + 1, seed=seed)  # the shards differ
-    if x.dtype == np.float32:
+    if x.dtype.kind not in "biu":  # floats as they are; integer pixels scaled
         return examples
     return examples.map(lambda xs, ys: (tf.cast(xs, tf.float32) / scale, ys))
+# <<< shared: graph arrays
 
 
-def arrays_in_batches(x, y, size):
-    """The arrays (x, y), size examples at a time, handed over by Python as the stream starts."""
-    return tf.data.Dataset.from_generator(
-        lambda: ((x[i:i + size], y[i:i + size]) for i in range(0, len(x), size)),
-        output_signature=(tf.TensorSpec((None,) + x.shape[1:], x.dtype),
-                          tf.TensorSpec((None,) + y.shape[1:], y.dtype)))
-
-
+# >>> shared: graph stream
 def session_stream(dataset, seed, worker_index):
     """The next element of dataset(session_seed), as tensors of the graph. Every session starts
     the stream anew (start_the_data), its seed drawn from seed, this worker and the global step
@@ -475,18 +477,29 @@ def start_the_data(session, global_step):
     """Start every training stream of the graph (session_stream), in a new session."""
     for initializer, start_step in tf.compat.v1.get_collection("data_starts"):
         session.run(initializer, {start_step: global_step})
+# <<< shared: graph stream
+
+
+# >>> shared: graph test set
+def arrays_in_batches(x, y, size):
+    """The arrays (x, y), size examples at a time, handed over by Python as the stream starts."""
+    return tf.data.Dataset.from_generator(
+        lambda: ((x[i:i + size], y[i:i + size]) for i in range(0, len(x), size)),
+        output_signature=(tf.TensorSpec((None,) + x.shape[1:], x.dtype),
+                          tf.TensorSpec((None,) + y.shape[1:], y.dtype)))
 
 
 def test_metrics_of(test_metrics, data):
     """The test set's stream and test_metrics(x, y) of its batches: a start op, and each batch's
     (size, metrics). From the TFRecord files or the arrays, 1000 examples a batch, x in float32
     scaled as in training: it may be larger than memory, and is no constant of the graph."""
-    if isinstance(data, Records):
-        batches = tf.data.TFRecordDataset(data.test_files).batch(1000).map(parse_records(data))
+    if hasattr(data, "test_batches"):  # Records
+        batches = data.test_batches(1000)
     else:
-        scale = getattr(data, "x_scale", 1.0)
-        batches = arrays_in_batches(data.x_test, data.y_test, 1000).map(
-            lambda x, y: (tf.cast(x, tf.float32) / scale, y))
+        batches, scale = arrays_in_batches(data.x_test, data.y_test, 1000), getattr(
+            data, "x_scale", None)  # (a Dataset's: integer pixels, scaled as in training)
+        if scale and data.x_test.dtype.kind in "biu":
+            batches = batches.map(lambda x, y: (tf.cast(x, tf.float32) / scale, y))
     iterator = tf.compat.v1.data.make_initializable_iterator(batches)
     x, y = iterator.get_next()
     return iterator.initializer, (tf.shape(x)[0], test_metrics(x, y))
@@ -503,7 +516,7 @@ def mean_over_the_test_set(session, start, batch):
             return {name: float(totals[name] / examples) for name in metrics}
         totals.update({name: value * size for name, value in metrics.items()})
         examples += size
-# <<< shared: graph data
+# <<< shared: graph test set
 
 
 # >>> shared: summary
@@ -531,6 +544,9 @@ def resolve_workers(args):
                 len(chief) if task["type"] == "worker" else 0)  # the workers after the chief
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             fail("TF_CONFIG is not valid cluster JSON (%s: %s)" % (type(e).__name__, e))
+        if args.job_name == "evaluator":
+            print("[evaluator] nothing to do: the client evaluates", flush=True)
+            sys.exit(0)
         args.connect_timeout = args.connect_timeout or 600.0  # pods may start minutes apart
     if args.ps_hosts or args.job_name and not args.worker_hosts:
         fail("give --worker_hosts, and no --ps_hosts: this example has no parameter server")

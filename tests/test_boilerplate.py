@@ -162,7 +162,7 @@ def test_the_banner_lists_the_blocks_of_its_file_in_order():
     for example in EXAMPLES:
         text = appendix(example)
         header = text[:text.index("# >>> shared:")]
-        listed = " ".join(header.split("this file's, in order:", 1)[1].split("# "))
+        listed = header.split("this file's, in order:\n# ", 1)[1].replace("\n# ", " ")
         assert [n.strip(" .\n") for n in listed.split(",")] == list(shared_blocks(text)), example
 
 
