@@ -856,13 +856,13 @@ class Worker(Hook):
         """The chief's summary line, with the example's fields, once the others have finished and
         CheckpointSaverHook has saved; then the run is over: every ps's flag raised."""
         if self.is_chief:
+            seconds = time.time() - self.clock  # the training's: not the last evaluation
             self.step, status = int(session.run(self.global_step)), self.status_seen
             summary = dict(example=EXAMPLE)
             summary.update(("test_" + n, v) for n, v in self.evaluate(session).items())
             lost = sum(s < 0 for s in status)  # TRAINING or NOT_STARTED
             if lost:
                 print("[worker0] %d worker(s) failed, were lost or never started" % lost)
-            seconds = time.time() - self.clock
             summary.update(global_step=self.step, workers=len(status), ps=len(self.cluster["ps"]),
                            lost_workers=lost, local_steps=[max(int(s), -1) for s in status],
                            updates=self.step - self.start_step, steps_per_sec=(

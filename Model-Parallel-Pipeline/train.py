@@ -744,11 +744,10 @@ class Client(object):
         return metrics
 
     def end(self, session):  # after CheckpointSaverHook's last save; then the run is over
-        updates = self.step - self.start_step
-        summary = dict(example=EXAMPLE, **self.evaluate(session))
+        updates, seconds = self.step - self.start_step, time.time() - self.started
+        summary = dict(example=EXAMPLE, **self.evaluate(session))  # (after the clock stopped)
         summary.update(global_step=self.step, workers=len(self.workers), ps=0, lost_workers=0,
-                       local_steps=[updates], updates=updates,
-                       steps_per_sec=updates / (time.time() - self.started))
+                       local_steps=[updates], updates=updates, steps_per_sec=updates / seconds)
         summary.update({key: v() if callable(v) else v for key, v in self.summary.items()})
         print_summary(self.args.role, summary)
         self.writer.flush()

@@ -408,12 +408,12 @@ class Run(object):
 
     def end(self, session):
         """The test metrics and the summary line (the checkpoint: CheckpointSaverHook's end)."""
-        self.step = int(session.run(self.global_step))
+        self.step, rate = int(session.run(self.global_step)), self.rate()  # before evaluating
         summary = dict(example=EXAMPLE, **{"test_" + n: v for n, v in self.evaluate(
             session).items()})
         updates = self.step - self.start_step
         summary.update(global_step=self.step, workers=1, ps=0, lost_workers=0,
-                       local_steps=[updates], updates=updates, steps_per_sec=self.rate())
+                       local_steps=[updates], updates=updates, steps_per_sec=rate)
         print_summary(self.role, summary)
         self.writer.flush()
 # <<< shared: local run
