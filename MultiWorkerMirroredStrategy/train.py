@@ -44,7 +44,6 @@ import signal
 import socket
 import sys
 import tempfile
-import threading
 import time
 
 import numpy as np
@@ -134,10 +133,16 @@ Mirrored = collections.namedtuple("Mirrored", "strategy params global_step batch
 
 def build_mirrored(args, cluster, data):
     """The strategy, the mirrored variables, this worker's dataset, and one synchronous step."""
-    with bounded_start(args, cluster):  # it waits for every worker: here --connect_timeout at most
-        strategy = tf.distribute.MultiWorkerMirroredStrategy(  # it reads TF_CONFIG
-            communication_options=tf.distribute.experimental.CommunicationOptions(
-                bytes_per_pack=args.bytes_per_pack, timeout_seconds=args.step_timeout))
+    # the strategy's start waits for every worker without a bound, and holds Python meanwhile (no
+    # thread runs, a SIGTERM waits): so the others wait for the chief's port first, and no longer
+    # than --connect_timeout (the chief itself waits on for the others)
+    chief = cluster["worker"][0]
+    if args.task_index and not wait_for(lambda: is_listening(chief), args.connect_timeout):
+        fail("worker %d: the chief (worker 0) at %s did not come up within %g s"
+             % (args.task_index, chief, args.connect_timeout))
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(  # it reads TF_CONFIG
+        communication_options=tf.distribute.experimental.CommunicationOptions(
+            bytes_per_pack=args.bytes_per_pack, timeout_seconds=args.step_timeout))
     example_shape = data.shape if isinstance(data, Records) else data.x_train.shape[1:]
     with strategy.scope():  # a copy on every worker; the initial values come from worker 0
         params = model_params(example_shape, args.hidden, args.seed, data.num_classes)
@@ -539,24 +544,6 @@ def tf2_cluster(args, jobs):
     os.environ["TF_CONFIG"] = json.dumps(dict(cluster=cluster, task=dict(type=job, index=index)))
     args.job_name, args.task_index, args.address = job, index, cluster[job][index]
     return cluster
-
-
-@contextlib.contextmanager
-def bounded_start(args, cluster):
-    """Around the strategy's start, which waits for every task of the cluster without a bound (a
-    SIGTERM does not end it): with no start after --connect_timeout, one line and exit."""
-    started = threading.Event()
-
-    def watch():
-        if not wait_for(started.is_set, args.connect_timeout):
-            silent = [a for hosts in cluster.values() for a in hosts if not is_listening(a)]
-            print("error: %s %d stopped: the cluster has not started within %g s; silent: %s" % (
-                args.job_name, args.task_index, args.connect_timeout, ",".join(silent) or "none"),
-                file=sys.stderr, flush=True)
-            os._exit(2)
-    threading.Thread(target=watch, daemon=True).start()
-    yield
-    started.set()
 
 
 def run_task(args, task, *task_args):

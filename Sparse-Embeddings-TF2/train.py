@@ -299,7 +299,7 @@ def main(argv=None):
 # Plumbing shared by every example (what a job needs besides its algorithm)
 # ==================================================================================================
 # Each block is one text in every train.py that has it (a test checks); this file's, in order:
-# flags, tasks, summary, tf2 cluster, tf2 servers, tf2 run.
+# flags, tasks, summary, tf2 cluster, tf2 coordinated, tf2 run.
 # >>> shared: flags
 def fail(message):
     """One line on stderr and exit status 2: for bad input and lost peers, never for bugs."""
@@ -453,24 +453,6 @@ def tf2_cluster(args, jobs):
     return cluster
 
 
-@contextlib.contextmanager
-def bounded_start(args, cluster):
-    """Around the strategy's start, which waits for every task of the cluster without a bound (a
-    SIGTERM does not end it): with no start after --connect_timeout, one line and exit."""
-    started = threading.Event()
-
-    def watch():
-        if not wait_for(started.is_set, args.connect_timeout):
-            silent = [a for hosts in cluster.values() for a in hosts if not is_listening(a)]
-            print("error: %s %d stopped: the cluster has not started within %g s; silent: %s" % (
-                args.job_name, args.task_index, args.connect_timeout, ",".join(silent) or "none"),
-                file=sys.stderr, flush=True)
-            os._exit(2)
-    threading.Thread(target=watch, daemon=True).start()
-    yield
-    started.set()
-
-
 def run_task(args, task, *task_args):
     """Load TensorFlow (bad input has failed before its start-up), run task(*task_args), and exit
     at once (the strategy's threads would keep an exit waiting); an error that ends it: one line."""
@@ -495,7 +477,25 @@ def run_task(args, task, *task_args):
 # <<< shared: tf2 cluster
 
 
-# >>> shared: tf2 servers
+# >>> shared: tf2 coordinated
+@contextlib.contextmanager
+def bounded_start(args, cluster):
+    """Around ParameterServerStrategy's start, which waits for every task of the cluster without
+    a bound: with no start after --connect_timeout, one line that names the silent, and exit."""
+    started = threading.Event()
+
+    def watch():
+        if not wait_for(started.is_set, args.connect_timeout):
+            silent = [a for hosts in cluster.values() for a in hosts if not is_listening(a)]
+            print("error: %s %d stopped: the cluster has not started within %g s; silent: %s" % (
+                args.job_name, args.task_index, args.connect_timeout, ",".join(silent) or "none"),
+                file=sys.stderr, flush=True)
+            os._exit(2)
+    threading.Thread(target=watch, daemon=True).start()
+    yield
+    started.set()
+
+
 def serve_until_gone(args, cluster, watched):
     """A task with nothing of its own to run (a ps; a worker the coordinator drives) serves until
     the task at watched has come and gone (a server never stops; its join() ignores SIGTERM): its
@@ -519,7 +519,7 @@ def serve_until_gone(args, cluster, watched):
         time.sleep(0.25)  # the pace of the checks
     print("[%s] %s is gone; shutting down" % (role, watched), flush=True)
     return 0
-# <<< shared: tf2 servers
+# <<< shared: tf2 coordinated
 
 
 # >>> shared: tf2 run
