@@ -23,8 +23,9 @@ The update rule (the same as the custom loops beside it: ../ParameterServerStrat
             params <- params - N * learning_rate * all-reduce mean(g_1 .. g_N)  # every copy
         (synchronous; optimizer.iterations counts steps of N mini-batches; the rate is scaled
         by N, the linear scaling rule, as in ../MultiWorkerMirroredStrategy)
-    The dataset repeats for ever, so Keras needs an epoch's length: under ParameterServerStrategy
-    --backup_every steps (it backs up only at an epoch's end), else --log_every steps.
+    The dataset repeats for ever, so Keras needs an epoch's length: --backup_every steps, as
+    BackupAndRestore backs up at an epoch's end. The run's place is the global step
+    (optimizer.iterations): a rerun goes on from the backup's to --steps, wherever it stopped.
 
 Run it
     bash run.sh                                         # a coordinator, 1 ps and 2 workers
@@ -46,6 +47,7 @@ References
 """
 import argparse
 import collections
+import contextlib
 import glob
 import json
 import math
@@ -54,6 +56,7 @@ import shutil
 import socket
 import sys
 import tempfile
+import threading
 import time
 
 import numpy as np
@@ -73,9 +76,8 @@ def example_flags(parser):
     parser.add_argument("--steps_per_execution", type=positive_int, default=10,
                         help="K: mini-batch steps in one call of the training function")
     parser.add_argument("--backup_every", type=positive_int, default=500,
-                        help="back up every N steps: mid-epoch too with multi_worker_mirrored; "
-                        "with parameter_server at the first epoch's end after N steps (tf_keras "
-                        "backs it up only there)")
+                        help="back up every N steps, and at the end: fit's epoch is N steps "
+                        "(BackupAndRestore backs up at an epoch's end)")
     parser.add_argument("--step_timeout", type=positive_float, default=20,
                         help="multi_worker_mirrored: seconds a collective may wait for the "
                         "other workers")
@@ -137,81 +139,115 @@ def model_metrics(model, x, y):
 
 
 # --- The algorithm --------------------------------------------------------------------------------
-Fit = collections.namedtuple("Fit", "strategy model inputs minibatches_per_step")
+Fit = collections.namedtuple("Fit", "strategy model inputs steps_per_worker minibatches_per_step")
 
 
 def build_fit(args, cluster, data):
     """The strategy, the model made under its scope, and the dataset function's DatasetCreator:
     what model.fit needs to train on the cluster."""
-    workers = len(cluster["worker"])
-    if args.strategy == "parameter_server":
-        strategy = tf.distribute.ParameterServerStrategy(  # it reads the cluster from TF_CONFIG
-            tf.distribute.cluster_resolver.TFConfigClusterResolver(),
-            variable_partitioner=tf.distribute.experimental.partitioners.MinSizePartitioner(
-                min_shard_bytes=4096, max_shards=len(cluster["ps"])))  # a shard per ps
+    workers, coordinated = len(cluster["worker"]), args.strategy == "parameter_server"
+    if coordinated:  # both strategies read the cluster from TF_CONFIG
+        with bounded_start(args, cluster):  # it waits for every task: here --connect_timeout
+            strategy = tf.distribute.ParameterServerStrategy(
+                tf.distribute.cluster_resolver.TFConfigClusterResolver(),
+                variable_partitioner=tf.distribute.experimental.partitioners.MinSizePartitioner(
+                    min_shard_bytes=4096, max_shards=len(cluster["ps"])))  # a shard per ps
     else:
-        strategy = tf.distribute.MultiWorkerMirroredStrategy(  # reads TF_CONFIG; waits for all
+        strategy = tf.distribute.MultiWorkerMirroredStrategy(
             communication_options=tf.distribute.experimental.CommunicationOptions(
                 timeout_seconds=args.step_timeout))
     replicas = strategy.num_replicas_in_sync  # mirrored: a mini-batch each in every step
-    learning_rate = args.learning_rate * (replicas if args.strategy != "parameter_server" else 1)
+    example_shape = data.shape if isinstance(data, Records) else data.x_train.shape[1:]
+    with strategy.scope():  # the variables: on the ps, or a copy on every worker
+        model = build_model(example_shape, data.num_classes, args.hidden, args.seed,
+                            args.learning_rate * (1 if coordinated else replicas),
+                            args.steps_per_execution)
+        steps_per_worker = tf.Variable(tf.zeros([workers], tf.int64), name="steps_per_worker")
 
-    def dataset_fn(context):  # on each worker, for its own part of the training set
-        if args.strategy == "parameter_server":  # every worker's context says pipeline 0 of 1
+    def dataset_fn(context):  # on each worker as it makes its dataset: its own part of the data
+        if coordinated:  # every worker's context says pipeline 0 of 1 (and after a restart too)
             worker = tf.distribute.coordinator.experimental_get_current_worker_index()
         else:  # pipeline i of N: worker i's
             worker = context.input_pipeline_id
         tf.print(tf.strings.format("[worker{}] training on shard {} of {}", (
             worker, worker, workers)))  # printed by the worker, each time it makes its dataset
-        return training_dataset(data, args.batch_size, worker, workers, args.seed)
-    with strategy.scope():  # the variables: on the ps, or a copy on every worker
-        model = build_model(example_shape(data), data.num_classes, args.hidden, args.seed,
-                            learning_rate, args.steps_per_execution)
-    inputs = keras.utils.experimental.DatasetCreator(dataset_fn)
-    minibatches_per_step = 1 if args.strategy == "parameter_server" else replicas
-    return Fit(strategy, model, inputs, minibatches_per_step)
+        # in an order of its own that the global step mixes in: no replay after a resume
+        seed = (args.seed * 1000 + tf.cast(worker, tf.int64)) * 1000003 + model.optimizer.iterations
+        return training_dataset(data, args.batch_size, worker, workers, seed)
+    if coordinated:
+        count_each_workers_steps(model, steps_per_worker)
+    return Fit(strategy, model, keras.utils.experimental.DatasetCreator(dataset_fn),
+               steps_per_worker, 1 if coordinated else replicas)
+
+
+def count_each_workers_steps(model, steps_per_worker):
+    """Under ParameterServerStrategy each step also counts a mini-batch of the worker that runs
+    it (the coordinator does not know where a call ran): its shard's, on the ps."""
+    train_step = model.train_step  # what a step does in tf_keras: fit traces it on the workers
+
+    def counted(data):
+        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+        steps_per_worker.scatter_add(tf.IndexedSlices(tf.constant([1], tf.int64),
+                                                      tf.reshape(worker, [1])))
+        return train_step(data)
+    model.train_step = counted
 
 
 # --- The training loop ----------------------------------------------------------------------------
 def train(args, cluster, data):
     """model.fit with the callbacks a run needs; then the model saved and the summary line."""
+    global keras
+    import tf_keras as keras  # not tf.keras: Keras 3's model.fit has no path for these strategies
     fit = build_fit(args, cluster, data)
-    is_chief = args.job_name == "chief" or (args.strategy != "parameter_server"
-                                            and args.task_index == 0)
+    is_chief = args.job_name == "chief" or args.task_index == 0  # the coordinator, or worker 0
+    backup = os.path.join(args.log_dir, "backup")
+    restore_the_backup(args, backup, fit.model)
+    run = TrainingRun(args, cluster, fit.model.optimizer.iterations, lambda x, y: model_metrics(
+        fit.model, x, y), lambda: test_batches(data), is_chief, fit.minibatches_per_step)
     last_step = math.ceil(args.steps / fit.minibatches_per_step)  # --steps counts mini-batches
-    # an epoch: where ParameterServerStrategy's backups happen; mirrored ones happen mid-epoch
-    epoch = args.backup_every if args.strategy == "parameter_server" else args.log_every
-    progress = progress_callback(args, cluster, data, is_chief, fit.minibatches_per_step,
-                                 last_step)
-    try:
-        fit.model.fit(fit.inputs, epochs=math.ceil(last_step / epoch), steps_per_epoch=epoch,
-                      verbose=0, callbacks=[
-                          backup_and_restore(args),  # a rerun resumes from its backup
-                          keras.callbacks.TensorBoard(args.log_dir, write_graph=False),
-                          progress])
-    except tf.errors.UnavailableError:
-        end_if_a_ps_is_lost(args, cluster)  # a ps cannot come back: say so, and how to resume
-        raise
+    if run.start_step < last_step:
+        try:  # an epoch of --backup_every steps: BackupAndRestore backs up at an epoch's end
+            fit.model.fit(fit.inputs, steps_per_epoch=args.backup_every, epochs=math.ceil(
+                (last_step - run.start_step) / args.backup_every), verbose=0, callbacks=[
+                    backup_and_restore(backup),  # a rerun resumes from its backup
+                    keras.callbacks.TensorBoard(args.log_dir, write_graph=False),
+                    progress_callback(args, run, last_step)])
+        except tf.errors.UnavailableError:
+            end_if_a_ps_is_lost(args, cluster)  # a ps cannot come back: say so, and how to resume
+            raise
     save_model(args, fit.model, is_chief)
-    return progress.end(int(fit.model.optimizer.iterations.numpy()))
+    step = int(fit.model.optimizer.iterations.numpy())
+    extra = dict(lost_workers=sum(not is_listening(a) for a in cluster["worker"]),
+                 local_steps=[int(s) for s in fit.steps_per_worker.numpy()])
+    if args.strategy != "parameter_server":  # every worker in every step, N mini-batches each
+        extra = dict(local_steps=[step - run.start_step] * len(cluster["worker"]),
+                     learning_rate_eff=args.learning_rate * fit.minibatches_per_step)
+    return run.end(strategy=args.strategy, steps_per_execution=args.steps_per_execution,
+                   mini_batches=(step - run.start_step) * fit.minibatches_per_step, **extra)
 
 
-def backup_and_restore(args):
-    """tf_keras's BackupAndRestore, in log_dir/backup, kept at the end. Under
-    ParameterServerStrategy it backs up only at an epoch's end (tf_keras skips its batch hooks
-    there), so an epoch is --backup_every steps. Otherwise every --backup_every steps, mid-epoch
-    too, with one correction: tf_keras 2.21 records the step a call of K steps began at, so a
-    rerun resumed K - 1 steps early in its epoch and trained K - 1 mini-batches more than
-    asked. Here it records the step the call ended at."""
-    class AtTheStepReached(keras.callbacks.BackupAndRestore):
-        def on_train_batch_end(self, batch, logs=None):  # batch: the call's last step
-            if self.save_freq != "epoch":
-                self._training_state._ckpt_saved_batch.assign(batch)
-            super().on_train_batch_end(batch, logs)
-    every = "epoch" if args.strategy == "parameter_server" else max(
-        1, args.backup_every // args.steps_per_execution)  # counted in calls of K steps
-    return AtTheStepReached(os.path.join(args.log_dir, "backup"), save_freq=every,
-                            delete_checkpoint=False)
+def restore_the_backup(args, backup, model):
+    """The model (and the global step, its optimizer's) as the last backup in backup left it.
+    BackupAndRestore restores it too, but only once fit has made each worker's dataset, whose
+    order mixes in the global step it starts from."""
+    latest = tf.train.latest_checkpoint(os.path.join(backup, "chief"))  # the chief's backups
+    if latest:
+        tf.train.Checkpoint(model=model).restore(latest).expect_partial()
+        print("[%s%d] resuming from the backup at global step %d" % (
+            args.job_name, args.task_index, model.optimizer.iterations.numpy()), flush=True)
+
+
+def backup_and_restore(backup):
+    """tf_keras's BackupAndRestore in backup, at every epoch's end and kept at the end
+    (delete_checkpoint=False), with one correction: it restores fit's epoch too, and a rerun
+    would skip on to the epoch after the one backed up, also when that ended early at --steps.
+    Here fit's epochs count from 0 again, and progress_callback counts the run's steps on from
+    the global step restored."""
+    class FromTheGlobalStep(keras.callbacks.BackupAndRestore):
+        def on_train_begin(self, logs=None):
+            super().on_train_begin(logs)  # the restore
+            self._training_state._ckpt_saved_epoch.assign(-1)  # "none backed up yet"
+    return FromTheGlobalStep(backup, delete_checkpoint=False)
 
 
 def save_model(args, model, is_chief):
@@ -240,108 +276,33 @@ def end_if_a_ps_is_lost(args, cluster):
         os._exit(2)  # the coordinator's threads would keep an ordinary exit waiting
 
 
-def progress_callback(args, cluster, data, is_chief, minibatches_per_step, last_step):
-    """A tf_keras Callback (its class made here, once TensorFlow has loaded): the clock, a
-    progress line every --log_every steps (the chief's with the test metrics, also to
-    TensorBoard), the end of training at last_step (Keras runs whole epochs unless a callback
-    sets model.stop_training), and the summary line at the end (end()). Its lines come from
-    the batch hook, not the epoch's end: under ParameterServerStrategy an epoch's end waits
-    for every scheduled call, and the workers would idle while the chief evaluates; here it
-    waits for the one call it reads the loss of, as the custom loop does."""
-    role = "%s%d" % (args.job_name, args.task_index)
-
+def progress_callback(args, run, last_step):
+    """A tf_keras Callback (its class made here, once TensorFlow has loaded): a progress line
+    every --log_every steps (the chief's with the test metrics), and fit stopped at last_step
+    (model.stop_training), counted from the global step the run started at: fit's epochs and
+    batches count from 0. Its lines come from the batch hook, not the epoch's end: under
+    ParameterServerStrategy an epoch's end waits for every scheduled call, and the workers
+    would idle while the chief evaluates; here it waits for the one call whose loss it reads."""
     class Progress(keras.callbacks.Callback):
         def __init__(self):
             super().__init__()
             # the logs a batch hook gets stay as fit made them (a RemoteValue under
             # ParameterServerStrategy), or Keras would wait for every call to read them
             self._supports_tf_logs = True
-            self.writer = tf.summary.create_file_writer(args.log_dir) if is_chief else None
-            self.history, self.clock_started, self.epoch = [], False, 0
-
-        def global_step(self):
-            return int(self.model.optimizer.iterations.numpy())
-
-        def on_train_begin(self, logs=None):  # after BackupAndRestore has restored
-            self.start_step = self.last_line = self.global_step()
-            if self.start_step:
-                print("[%s] resuming from the backup at global step %d" % (role, self.start_step),
-                      flush=True)
-            self.start_clock(self.start_step)  # again when the first call has returned
-            print("[%s] training started: log_dir=%s" % (role, args.log_dir), flush=True)
-
-        def start_clock(self, global_step):
-            self.started = self.progress_time = time.time()
-            self.timed_from_step = self.progress_step = global_step
+            self.reached = run.start_step  # the steps scheduled: the global step once they ran
 
         def on_epoch_begin(self, epoch, logs=None):
-            self.epoch = epoch
+            self.epoch_starts = self.reached
 
         def on_train_batch_end(self, batch, logs=None):  # batch: the call's last step
-            if not self.clock_started:  # the first call traced, sent and run: the clock starts
+            before, self.reached = self.reached, self.epoch_starts + batch + 1
+            if before == run.start_step:  # the first call traced, sent and run: the clock starts
                 returned(logs)
-                self.start_clock(self.global_step())
-                self.clock_started = True
-            reached = self.epoch * self.params["steps"] + batch + 1  # once this call has run
-            if reached // args.log_every > self.last_line // args.log_every:
-                self.progress(float(returned(logs)["loss"]))
-                self.last_line = reached
-            if reached >= last_step:
+                run.start_clock()
+            if self.reached // args.log_every > before // args.log_every:
+                run.progress(float(returned(logs)["loss"]))
+            if self.reached >= last_step:
                 self.model.stop_training = True
-
-        def evaluate(self, global_step, loss=None):
-            totals, examples = {}, 0
-            # read whole first: a TFRecord test set streams from a session whose graph stays
-            # the default graph while it yields, and the model would run in that graph
-            for x, y in list(test_batches(data)):
-                for name, value in model_metrics(self.model, x, y).items():
-                    totals[name] = totals.get(name, 0.0) + float(value) * len(x)
-                examples += len(x)
-            metrics = {name: total / examples for name, total in totals.items()}
-            self.history.append([round(time.time() - self.started, 3), global_step]
-                                + list(metrics.values()))
-            with self.writer.as_default():
-                for name, value in metrics.items():
-                    tf.summary.scalar("test_" + name, value, step=global_step)
-                if loss is not None:
-                    tf.summary.scalar("loss", loss, step=global_step)
-            return metrics
-
-        def progress(self, loss):  # loss: the epoch's mean so far
-            global_step = self.global_step()
-            rate = (global_step - self.progress_step) / (time.time() - self.progress_time)
-            line = "[%s] global_step=%d loss=%.4f" % (role, global_step, loss)
-            if is_chief:
-                for name, value in self.evaluate(global_step, loss).items():
-                    line += " test_%s=%.4f" % (name, value)
-            print(line + " steps_per_sec=%.1f" % (rate * minibatches_per_step), flush=True)
-            self.progress_step, self.progress_time = global_step, time.time()
-
-        def end(self, global_step):
-            """The chief evaluates and prints the summary line (and its JSON)."""
-            if not is_chief:
-                return 0
-            seconds = time.time() - self.started
-            minibatches = (global_step - self.timed_from_step) * minibatches_per_step
-            summary = dict(example=EXAMPLE)
-            for name, value in self.evaluate(global_step).items():
-                summary["test_" + name] = value
-            workers = len(cluster["worker"])
-            summary.update(
-                global_step=global_step, workers=workers, ps=len(cluster.get("ps", [])),
-                lost_workers=sum(not is_listening(a) for a in cluster["worker"])
-                if args.strategy == "parameter_server" else 0,
-                updates=global_step - self.start_step, timed_from_step=self.timed_from_step,
-                timed_seconds=seconds, steps_per_sec=minibatches / seconds,
-                examples_per_sec=minibatches * args.batch_size / seconds,
-                strategy=args.strategy, steps_per_execution=args.steps_per_execution,
-                mini_batches=(global_step - self.start_step) * minibatches_per_step)
-            if args.strategy != "parameter_server":  # every worker in every step
-                summary["local_steps"] = [global_step] * workers
-                summary["learning_rate_eff"] = args.learning_rate * minibatches_per_step
-            self.writer.close()
-            print_summary(role, summary, self.history, args.metrics_file)
-            return 0
     return Progress()
 
 
@@ -354,46 +315,21 @@ def returned(logs):
 
 
 def main(argv=None):
-    global keras
     args = parse_flags(argv, example_flags)  # bad input fails here, before TensorFlow loads
     cluster = tf2_cluster(args, STRATEGY_JOBS[args.strategy])
-    coordinated = args.strategy == "parameter_server"
-    trains = args.job_name == "chief" or not coordinated  # runs model.fit; the others serve
-    data = load_dataset(args.data_path) if trains else None  # a bad file fails here too
-    if coordinated:
+    if args.strategy == "parameter_server":
         os.environ["GRPC_FAIL_FAST"] = "use_caller"  # a lost worker fails fast; its work moves on
-    start_tensorflow(args, cluster)
-    if not trains:  # a ps, or a worker the coordinator drives: it serves until the chief is gone
-        return serve_until_gone(args, cluster, cluster["chief"][0])
-    import tf_keras as keras  # not tf.keras: Keras 3's model.fit has no path for these strategies
-    return run_and_exit(train, args, cluster, data)
+        if args.job_name != "chief":  # a ps, or a worker the coordinator drives, serves until
+            return run_task(args, serve_until_gone, args, cluster, cluster["chief"][0])  # it ends
+    data = load_dataset(args.data_path)  # a bad file fails here too, before TensorFlow loads
+    return run_task(args, train, args, cluster, data)  # model.fit
 
 
 # ==================================================================================================
 # Plumbing shared by every example (what a job needs besides its algorithm)
 # ==================================================================================================
-# What a task of a TensorFlow 2 cluster needs besides its algorithm, in this order; the same text
-# in every TensorFlow 2 train.py (a test keeps the copies equal):
-#   1. flags, each number of its type, and the cluster from them  parse_flags, number_type,
-#      or from TF_CONFIG; --data_path's file, checked             tf2_cluster, check_cluster,
-#                                                                  read_npz, Pixels, as_float32,
-#                                                                  port_taken
-#   2. TensorFlow loads after the checks; a failure ends the task
-#      in one line                                                start_tensorflow, run_and_exit,
-#                                                                  fail, cause
-#   3. a server with nothing of its own to run ends itself once
-#      the task it serves is gone                                 serve_until_gone, wait_for,
-#                                                                  is_listening, is_gone
-#   4. checkpoints and resume; progress lines with the test
-#      metrics; TensorBoard summaries                             TrainingRun, progress
-#   5. the summary line                                           end, print_summary
-#   6. the data's way in: TFRecord files, each worker reading     read_records, check_shards,
-#      its own; the test set in batches; a Keras model's weights  count_records, records_dataset,
-#      as the parameters (start_the_data: the tf.compat.v1        parse_records, arrays_dataset,
-#      examples')                                                 example_shape, test_batches,
-#                                                                  record_batches, session_stream,
-#                                                                  start_the_data, keras_params,
-#                                                                  keras_logits
+# Each block is one text in every train.py that has it (a test checks); this file's, in order:
+# flags, tasks, npz, records, summary, tf2 cluster, tf2 coordinated, tf2 data, tf2 run.
 # >>> shared: flags
 def fail(message):
     """One line on stderr and exit status 2: for bad input and lost peers, never for bugs."""
@@ -457,278 +393,6 @@ def parse_flags(argv, example_flags):
 # <<< shared: flags
 
 
-# >>> shared: data files
-Records = collections.namedtuple("Records", "train_files test_files shape dtype scale num_classes")
-
-
-def read_records(path):
-    """--data_path's TFRecord files, checked before TensorFlow loads: a folder, or a glob of its
-    training files, as tools/npz_to_tfrecord.py writes them: train-*.tfrecord and
-    test-*.tfrecord, each record a tf.train.Example with the features x (the example's array,
-    its raw bytes) and y (its label: int64 for classes, float for a regression), and meta.json
-    (x_shape, x_dtype, x_scale: x is divided by it; num_classes: null for a regression;
-    train_examples and test_examples). The files of each part are all N of one write
-    (PART-K-of-N), holding the examples meta.json counts: never a glob's test files, nor an
-    older write's files left in the folder, trained on."""
-    if os.path.isdir(path):
-        folder, train_files = path, sorted(glob.glob(os.path.join(path, "train-*.tfrecord")))
-    else:
-        train_files = sorted(glob.glob(path))
-        folder = os.path.dirname(train_files[0]) if train_files else os.path.dirname(path)
-    tested = [f for f in train_files if os.path.basename(f).startswith("test-")]
-    if tested:  # a glob as broad as DIR/*.tfrecord
-        fail("%s takes test files (%s) as training files: give the folder, or a glob of its "
-             "train-*.tfrecord" % (path, os.path.basename(tested[0])))
-    if not train_files:
-        fail("%s: no training files (train-*.tfrecord): give an .npz, or a folder of TFRecord "
-             "files that tools/npz_to_tfrecord.py wrote" % path)
-    test_files = sorted(glob.glob(os.path.join(folder, "test-*.tfrecord")))
-    if not test_files:
-        fail("%s: no test files (test-*.tfrecord) beside the training files" % folder)
-    check_shards(folder, train_files, "train")  # one write's, whole: not two writes' mixed
-    check_shards(folder, test_files, "test")
-    try:
-        with open(os.path.join(folder, "meta.json")) as f:
-            meta = json.load(f)
-        shape, dtype = tuple(int(n) for n in meta["x_shape"]), np.dtype(meta["x_dtype"])
-        scale, num_classes = float(meta["x_scale"]), meta["num_classes"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        fail("%s: no readable meta.json (%s: %s) beside the TFRecord files: write them with "
-             "python tools/npz_to_tfrecord.py DATA.npz FOLDER" % (folder, type(e).__name__, e))
-    counts = {part: sum(count_records(name) for name in files)
-              for part, files in (("train", train_files), ("test", test_files))}
-    for part in ("train", "test"):
-        if meta.get(part + "_examples", counts[part]) != counts[part]:
-            fail("%s: its %s files hold %d examples, meta.json says %d: files of another "
-                 "write? Write the folder again, into an empty one (tools/npz_to_tfrecord.py)"
-                 % (folder, part, counts[part], meta[part + "_examples"]))
-    return Records(train_files, test_files, shape, dtype, scale, num_classes)
-
-
-def check_shards(folder, files, part):
-    """files are one write's PART-K-of-N.tfrecord, all N of them: not two writes' mixed."""
-    totals = sorted({os.path.basename(f).rsplit("-of-", 1)[-1].split(".")[0] for f in files})
-    if len(totals) != 1 or not totals[0].isdigit() or int(totals[0]) != len(files):
-        fail("%s: its %s files are not the %s of one write (%d file(s), %s): write the folder "
-             "again, into an empty one (tools/npz_to_tfrecord.py)" % (
-                 folder, part, "N files -of-N" if len(totals) == 1 else "same -of-N",
-                 len(files), " and ".join("-of-" + t for t in totals)))
-
-
-def count_records(name):
-    """The records in a TFRecord file, read from their headers alone (each: its length, 8
-    bytes, and its checksum, 4; then the data and its checksum). Not one: a one-line error."""
-    size, records, offset = os.path.getsize(name), 0, 0
-    with open(name, "rb") as f:
-        while offset < size:
-            header = f.read(12)
-            length = int.from_bytes(header[:8], "little") if len(header) == 12 else -1
-            if not 0 < length <= size - offset - 16:
-                fail("%s is not a TFRecord file (tools/npz_to_tfrecord.py writes them)" % name)
-            offset += 16 + length
-            f.seek(offset)
-            records += 1
-    return records
-
-
-def records_dataset(data, batch_size, worker_index, num_workers, seed):
-    """This worker's endless stream of mini-batches from its own TFRecord files (file k goes to
-    worker k mod N): no worker reads, or holds, the whole set. Every epoch, its files in a new
-    order, read a few at a time, interleaved; records shuffled in a buffer of 10,000, batched,
-    then parsed and scaled a batch at a time, in parallel, ahead of the training step."""
-    if len(data.train_files) < num_workers:
-        fail("%d training file(s) for %d workers: each worker reads files of its own; write at "
-             "least %d (tools/npz_to_tfrecord.py --shards N)"
-             % (len(data.train_files), num_workers, num_workers))
-    if isinstance(worker_index, int):
-        mine = data.train_files[worker_index::num_workers]
-        uneven = len(data.train_files) % num_workers
-        print("[worker%d] reading %d of %d training files: %s%s" % (
-            worker_index, len(mine), len(data.train_files), ",".join(
-                os.path.basename(f) for f in mine), "" if not uneven else (
-                " (uneven: %d files over %d workers, so the examples of a worker with fewer "
-                "files come more often; write a multiple of %d shards)" % (
-                    len(data.train_files), num_workers, num_workers))), flush=True)
-    files = tf.data.Dataset.from_tensor_slices(data.train_files).shard(num_workers, worker_index)
-    records = files.shuffle(len(data.train_files), seed=seed).interleave(
-        tf.data.TFRecordDataset, cycle_length=4, num_parallel_calls=tf.data.AUTOTUNE)
-    records = records.shuffle(10000, seed=seed).repeat().batch(batch_size, drop_remainder=True)
-    return records.map(parse_records(data), tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
-
-
-def parse_records(data):
-    """The parser of a batch of the files' records (tf.train.Examples): x in float32, scaled
-    to [0, 1], and y. Training and the chief's test set read the files through this one."""
-    def parse(serialized):
-        features = tf.io.parse_example(serialized, {
-            "x": tf.io.FixedLenFeature([], tf.string),
-            "y": tf.io.FixedLenFeature([], tf.int64 if data.num_classes else tf.float32)})
-        x = tf.reshape(tf.io.decode_raw(features["x"], data.dtype), (-1,) + data.shape)
-        return tf.cast(x, tf.float32) / data.scale, features["y"]
-    return parse
-
-
-ARRAYS_IN_A_GRAPH_MB = 256  # ParameterServerStrategy's traced dataset function: larger arrays
-# are refused (each worker would hold the graph's copy, and a GraphDef holds 2 GB at most)
-
-
-def arrays_dataset(x, y, worker_index, num_workers, seed):
-    """This worker's shard of the arrays (x, y), example by example, in a new order every epoch,
-    integer pixels (Pixels) a byte each until they leave the shuffle. Never a constant of a
-    tf.compat.v1 graph (its GraphDef would hold the arrays: 2 GB at most, and copies in memory):
-    the graph asks Python for the shard when the pipeline starts. In TensorFlow 2 the arrays
-    themselves; ParameterServerStrategy traces its dataset function, which makes them a constant
-    of a graph that every worker holds, so arrays over ARRAYS_IN_A_GRAPH_MB are refused there."""
-    pixels, scale = (x.pixels, x.scale) if isinstance(x, Pixels) else (np.asarray(x), None)
-    if tf.compat.v1.executing_eagerly_outside_functions():
-        size = (pixels.nbytes + np.asarray(y).nbytes) / 2**20
-        if not tf.executing_eagerly() and size > ARRAYS_IN_A_GRAPH_MB:  # traced: a constant
-            fail("%.0f MB of training arrays would be a constant of the traced dataset function, "
-                 "on every worker (at most %d MB): write them as TFRecord files (python "
-                 "tools/npz_to_tfrecord.py DATA.npz FOLDER) and give --data_path FOLDER"
-                 % (size, ARRAYS_IN_A_GRAPH_MB))
-        examples = tf.data.Dataset.from_tensor_slices((pixels, y)).shard(num_workers,
-                                                                         worker_index)
-    else:
-        shard = lambda: (pixels[worker_index::num_workers], y[worker_index::num_workers])
-        arrays = tf.data.Dataset.range(1).map(lambda _: tuple(tf.compat.v1.py_func(
-            shard, [], [tf.as_dtype(pixels.dtype), tf.as_dtype(y.dtype)], stateful=False)))
-        examples = arrays.map(lambda xs, ys: (tf.ensure_shape(xs, (None,) + x.shape[1:]),
-                                              tf.ensure_shape(ys, (None,) + y.shape[1:]))).unbatch()
-    examples = examples.shuffle(len(x) // num_workers + 1, seed=seed)  # the shards differ
-    if scale is None:
-        return examples
-    return examples.map(lambda xs, ys: (tf.cast(xs, tf.float32) / scale, ys))
-
-
-def example_shape(data):
-    """The shape of one example: the arrays' rows, or the TFRecord files' x_shape."""
-    return data.shape if isinstance(data, Records) else data.x_train.shape[1:]
-
-
-def test_batches(test_set, size=1000):
-    """The test set, size examples at a time: the data (its x_test and y_test), the arrays
-    (x, y), or TFRecord files (Records: read as they stream, never all in memory)."""
-    if not isinstance(test_set, Records):
-        x, y = (test_set.x_test, test_set.y_test) if hasattr(test_set, "x_test") else test_set
-        return ((x[i:i + size], y[i:i + size]) for i in range(0, len(x), size))
-    return record_batches(test_set, size)
-
-
-def record_batches(data, size):
-    """The test files' examples, size at a time, as they stream from the files: a
-    TFRecordDataset parsed as training parses them (parse_records), in a graph of its own."""
-    graph = tf.Graph()
-    with graph.as_default():  # left before the first yield: the caller's graph stays its own
-        batches = tf.data.TFRecordDataset(data.test_files).batch(size).map(parse_records(data))
-        next_batch = tf.compat.v1.data.make_one_shot_iterator(batches).get_next()
-    session = tf.compat.v1.Session(graph=graph)  # not as a "with": that makes it the default
-    try:
-        while True:
-            try:
-                x, y = session.run(next_batch)
-            except tf.errors.OutOfRangeError:
-                return
-            yield x, y
-    finally:
-        session.close()
-
-
-DATA_STARTS = ("data_starts", "data_start_steps")  # session_stream's: graph collections
-
-
-def session_stream(dataset, seed, worker_index):
-    """The next element of dataset(session_seed), as tensors of the graph. Every session starts
-    the stream anew (start_the_data), its seed drawn from seed, this worker and the global step
-    at the session's start: no two workers share an order, and after a restart or a resume a
-    worker does not replay the mini-batches it began with."""
-    start_step = tf.compat.v1.placeholder_with_default(np.int64(0), [], name="data_start_step")
-    iterator = tf.compat.v1.data.make_initializable_iterator(
-        dataset((seed * 1000 + worker_index) * 1000003 + start_step))
-    tf.compat.v1.add_to_collection(DATA_STARTS[0], iterator.initializer)
-    tf.compat.v1.add_to_collection(DATA_STARTS[1], start_step)
-    return iterator.get_next()
-
-
-def start_the_data(session, global_step):
-    """Start every training stream of the graph (session_stream) in a new session, at
-    global_step."""
-    starts, steps = (tf.compat.v1.get_collection(name) for name in DATA_STARTS)
-    session.run(starts, {step: global_step for step in steps})
-# <<< shared: data files
-
-
-# >>> shared: keras
-KERAS_MODELS = {}  # by names: the Keras model, the parameters keras_params made of it, and the
-# graph's name scope then (the start of its weights' names)
-
-
-def keras_params(model):
-    """A built Keras model's weights as an example's parameters: {name: variable}, in the order
-    the model made them (Keras 3's variables hold TensorFlow ones: those, which the examples'
-    loops differentiate and update). Remembered, so that keras_logits finds the model again.
-    The examples run every layer as at test and train every weight by its gradient, so a model
-    that acts otherwise in training is refused in one line: a layer that drops or adds noise at
-    random (Dropout, GaussianNoise, a Random* augmentation), weights not trained by gradients
-    (BatchNormalization's moving statistics, a frozen layer), or losses of the model's own (a
-    regulariser) that model_loss does not add."""
-    def refused():
-        for layer in model._flatten_layers(include_self=False):
-            kind = "layer %s (%s)" % (layer.name, type(layer).__name__)
-            if type(layer).__name__.startswith("Random") or any(
-                    getattr(layer, rate, 0) for rate in ("rate", "dropout", "recurrent_dropout",
-                                                         "stddev")):
-                return kind + " acts at random in training"
-            if layer.non_trainable_weights and not list(layer._flatten_layers(include_self=False)):
-                return kind + " has weights not trained by gradients"
-        if model.losses:
-            return "regulariser (model.losses) adds to the loss"
-    reason = refused()
-    if reason:
-        fail("the Keras model's %s: the examples run every layer as at test, train every weight "
-             "by its gradient and minimise model_loss alone; take it out, or write that part with "
-             "raw variables (docs/own-model.md)" % reason)
-    params = {}
-    for w in model.weights:
-        name = getattr(w, "path", None) or w.name.split(":")[0]
-        params[name] = w if isinstance(w, tf.Variable) else w.value
-    scope = tf.compat.v1.get_default_graph().get_name_scope()
-    KERAS_MODELS[tuple(params)] = (model, params, scope + "/" if scope else "")
-    return params
-
-
-def keras_logits(params, x):
-    """The logits, for the examples x, of the Keras model behind params, computed with params'
-    values: the model itself over its own weights; over any other dict of the same names (a
-    worker's local copy, the parameters plus noise), the model built again (tf_keras's
-    clone_model, in the tf.compat.v1 examples) with each weight taken from params by its name
-    (and checked for its shape): the copy's names are the model's, built in a scope of its own."""
-    model, own, scope = KERAS_MODELS[tuple(params)]
-    if params is own:
-        return model(x)
-    import tf_keras
-    taken = {}  # no weight of the dict twice
-
-    def weight_by_name(next_creator, **kwargs):
-        graph_scope = tf.compat.v1.get_default_graph().get_name_scope()
-        name = graph_scope[len(copy_scope):] + "/" + kwargs["name"]  # as the model names it
-        found = [n for n in params if n == scope + name] or [
-            n for n in params if n == name or n.endswith("/" + name)]
-        if len(found) != 1 or found[0] in taken:
-            raise ValueError("keras_logits: the copy's weight %s matches %s of the model's "
-                             "weights %s" % (name, found or "none", list(params)))
-        shape = tf.TensorShape(kwargs.get("shape"))
-        if not shape.is_compatible_with(params[found[0]].shape):
-            raise ValueError("keras_logits: the copy's weight %s has the shape %s, the dict's %s"
-                             % (name, shape, params[found[0]].shape))
-        taken[found[0]] = True
-        return params[found[0]]
-    with tf.compat.v1.name_scope("keras_copy") as copy_scope:  # a fresh scope: no name taken
-        with tf.variable_creator_scope(weight_by_name):
-            return tf_keras.models.clone_model(model)(x)  # (a model built at its first call)
-# <<< shared: keras
-
-
 # >>> shared: tasks
 def check_cluster(cluster, job, index):
     """Every address is host:port, the job is one of the cluster's, the index is in range."""
@@ -774,6 +438,90 @@ def wait_for(condition, seconds=float("inf"), waiting=None):
 # <<< shared: tasks
 
 
+# >>> shared: npz
+def read_npz(path):
+    """--data_path's .npz, checked before TensorFlow loads, as the Dataset's fields. Floats become
+    float32; integer pixels stay a byte each, scaled to [0, 1] by x_train's largest (x_scale) in
+    the pipeline; images (N, H, W) gain a channel axis; labels are whole numbers from 0."""
+    names = ("x_train", "y_train", "x_test", "y_test")
+    try:
+        with np.load(path) as f:
+            x_train, y_train, x_test, y_test = arrays = [f[name] for name in names]
+    except (OSError, KeyError, ValueError) as e:  # missing, unreadable, or a key missing
+        fail("cannot load %s (%s): give an .npz with x_train, y_train, x_test and y_test"
+             % (path, str(e).splitlines()[0]))
+    for name, a in zip(names, arrays):
+        if a.dtype.kind not in "biuf" or a.ndim == 0 or len(a) == 0:
+            fail("%s: %s must be a non-empty array of numbers, not %s %s"
+                 % (path, name, a.dtype, a.shape))
+        if a.dtype.kind == "f" and not np.isfinite(a).all():
+            fail("%s: %s has NaN or infinite values" % (path, name))
+        if name[0] == "y" and (a.ndim != 1 or np.any(a != np.round(a)) or a.min() < 0):
+            fail("%s: %s must hold class labels: whole numbers from 0" % (path, name))
+    if len(x_train) != len(y_train) or len(x_test) != len(y_test):
+        fail("%s: x and y differ in length: %d and %d to train, %d and %d to test"
+             % (path, len(x_train), len(y_train), len(x_test), len(y_test)))
+    if x_train.shape[1:] != x_test.shape[1:]:
+        fail("%s: train and test examples differ in shape: %s and %s"
+             % (path, x_train.shape[1:], x_test.shape[1:]))
+    if x_train.ndim == 3:  # images without a channel axis
+        x_train, x_test = x_train[..., np.newaxis], x_test[..., np.newaxis]
+    scale = max(float(x_train.max()), 1.0) if x_train.dtype.kind in "biu" else 1.0
+    if scale == 1.0:
+        x_train, x_test = x_train.astype(np.float32), x_test.astype(np.float32)
+    num_classes = int(max(y_train.max(), y_test.max())) + 1
+    return x_train, y_train.astype(np.int64), x_test, y_test.astype(np.int64), num_classes, scale
+# <<< shared: npz
+
+
+# >>> shared: records
+Records = collections.namedtuple("Records", "train_files test_files shape dtype x_scale "
+                                 "num_classes")
+
+
+def read_records(folder):
+    """--data_path's folder as tools/npz_to_tfrecord.py writes it: train-*.tfrecord and
+    test-*.tfrecord (tf.train.Examples of x, the array's bytes, and y) and meta.json."""
+    train, test = (sorted(glob.glob(os.path.join(folder, part + "-*.tfrecord")))
+                   for part in ("train", "test"))
+    try:
+        with open(os.path.join(folder, "meta.json")) as f:
+            meta = json.load(f)
+        assert train and test, "no %s files" % ("train-*.tfrecord" if test else "test-*.tfrecord")
+        return Records(train, test, tuple(meta["x_shape"]), np.dtype(meta["x_dtype"]),
+                       float(meta["x_scale"]), meta["num_classes"])
+    except (OSError, ValueError, KeyError, TypeError, AssertionError) as e:
+        fail("%s is no folder of TFRecord files (%s): write one with python "
+             "tools/npz_to_tfrecord.py DATA.npz FOLDER" % (folder, e))
+
+
+def records_dataset(data, batch_size, worker_index, num_workers, seed):
+    """This worker's endless stream of mini-batches from its own files (file k goes to worker
+    k mod N): no worker reads the whole set. Every epoch its files in a new order, interleaved,
+    the records shuffled in a buffer of 10,000, batched, then parsed a batch at a time."""
+    if len(data.train_files) < num_workers:
+        fail("%d training file(s) for %d workers: each worker reads files of its own; write at "
+             "least %d (npz_to_tfrecord.py --shards)" % (len(data.train_files), num_workers,
+                                                         num_workers))
+    files = tf.data.Dataset.from_tensor_slices(data.train_files).shard(num_workers, worker_index)
+    records = files.shuffle(len(data.train_files), seed=seed).interleave(
+        tf.data.TFRecordDataset, cycle_length=4, num_parallel_calls=tf.data.AUTOTUNE)
+    records = records.shuffle(10000, seed=seed).repeat().batch(batch_size, drop_remainder=True)
+    return records.map(parse_records(data), tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
+
+
+def parse_records(data):
+    """The parser of a batch of records (training's, the test set's): x scaled to [0, 1], y."""
+    def parse(serialized):
+        features = tf.io.parse_example(serialized, {
+            "x": tf.io.FixedLenFeature([], tf.string),
+            "y": tf.io.FixedLenFeature([], tf.int64 if data.num_classes else tf.float32)})
+        x = tf.reshape(tf.io.decode_raw(features["x"], data.dtype), (-1,) + data.shape)
+        return tf.cast(x, tf.float32) / data.x_scale, features["y"]
+    return parse
+# <<< shared: records
+
+
 # >>> shared: summary
 def print_summary(role, summary):
     """The run's last line, key=value ...: what users, the tests and the benchmarks read."""
@@ -786,211 +534,193 @@ def print_summary(role, summary):
 
 # >>> shared: tf2 cluster
 def tf2_cluster(args, jobs):
-    """The cluster from the flags, or else from TF_CONFIG; jobs: the job names this example uses
-    (its JOBS). Writes the result into TF_CONFIG, where the strategies read it, and sets
-    args.job_name and args.task_index, and connect_timeout if not given: 60 s, or 600 s under
-    TF_CONFIG."""
-    given = {"chief": getattr(args, "chief_host", ""), "worker": args.worker_hosts,
-             "ps": args.ps_hosts}
-    from_flags = args.job_name or any(given.values()) or "TF_CONFIG" not in os.environ
+    """The cluster of jobs (its JOBS) from the flags, or else TF_CONFIG, written to TF_CONFIG for
+    the strategies. Sets job_name, task_index, address, connect_timeout (600 s under TF_CONFIG)."""
+    given = dict(chief=getattr(args, "chief_host", ""), worker=args.worker_hosts, ps=args.ps_hosts)
+    job, index = args.job_name, args.task_index
+    from_flags = job or any(given.values()) or "TF_CONFIG" not in os.environ
     if args.connect_timeout is None:  # a cluster's pods may start minutes apart
         args.connect_timeout = 60.0 if from_flags else 600.0
     if from_flags:
-        if not all(given[job] for job in jobs):
-            flags = ["--chief_host" if job == "chief" else "--%s_hosts" % job for job in jobs]
-            fail("give %s (or set TF_CONFIG)" % " and ".join(flags))
-        cluster = {job: given[job].replace(" ", "").split(",") for job in jobs}
-        job, index = args.job_name, args.task_index
+        if not all(given[name] for name in jobs):
+            fail("give %s (or set TF_CONFIG)" % " and ".join("--" + (
+                "chief_host" if name == "chief" else name + "_hosts") for name in jobs))
+        cluster = {name: given[name].replace(" ", "").split(",") for name in jobs}
     else:
         try:
             config = json.loads(os.environ["TF_CONFIG"])
-            spec = dict(config["cluster"])
-            job, index = config["task"]["type"], int(config["task"].get("index") or 0)
-            if "chief" in spec and "chief" not in jobs:  # a chief of workers is worker 0
-                chief = list(spec.pop("chief"))
-                spec["worker"] = chief + list(spec.get("worker", []))
-                if job == "chief":
-                    job, index = "worker", 0
-                elif job == "worker":
-                    index += len(chief)  # the workers come after the chief
+            spec, job = dict(config["cluster"]), config["task"]["type"]
+            index = int(config["task"].get("index") or 0)
+            chief = [] if "chief" in jobs else list(spec.pop("chief", []))  # then: worker 0
+            spec["worker"] = chief + list(spec.get("worker", []))
+            if chief and job in ("chief", "worker"):
+                job, index = "worker", 0 if job == "chief" else index + len(chief)
             cluster = {name: list(spec[name]) for name in jobs}
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             fail("TF_CONFIG is not valid cluster JSON for %s (%s: %s)"
                  % ("/".join(jobs), type(e).__name__, e))
         if job == "evaluator":
-            fail("an evaluator task is not needed here: the %s evaluates; remove it from "
-                 "TF_CONFIG" % ("chief" if "chief" in jobs else "worker 0"))
+            fail("an evaluator task is not needed here: the %s evaluates; remove it from TF_CONFIG"
+                 % ("chief" if "chief" in jobs else "worker 0"))
     check_cluster(cluster, job, index)
-    os.environ["TF_CONFIG"] = json.dumps({"cluster": cluster,
-                                          "task": {"type": job, "index": index}})
-    args.job_name, args.task_index = job, index
+    os.environ["TF_CONFIG"] = json.dumps(dict(cluster=cluster, task=dict(type=job, index=index)))
+    args.job_name, args.task_index, args.address = job, index, cluster[job][index]
     return cluster
 
 
-def start_tensorflow(args, cluster):
-    """Check this task's port, then load TensorFlow (eager, as TensorFlow 2 runs)."""
-    global tf  # loaded only now: bad input has failed in one line, without TensorFlow's start-up
-    address = cluster[args.job_name][args.task_index]
-    if port_taken(address):  # in one line here, rather than deep inside gRPC
-        fail("%s %d: port %s is already in use: by an earlier run, or another program?"
-             % (args.job_name, args.task_index, address))
+def run_task(args, task, *task_args):
+    """Load TensorFlow (bad input has failed before its start-up), run task(*task_args), and exit
+    at once (the strategy's threads would keep an exit waiting); an error that ends it: one line."""
+    global tf
     if os.environ.get("VERBOSE") != "1":  # before the import: TensorFlow's C++ log reports
         os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"  # every peer that leaves as an error
     import tensorflow as tf
-    tf.get_logger().setLevel("ERROR")
+    try:
+        code = task(*task_args)
+    except SystemExit as stop:  # fail() has said why
+        code = stop.code
+    except tf.errors.OpError as e:
+        why = "%s: %s" % (type(e).__name__, cause(e))
+        if "Could not start gRPC server" in e.message:  # gRPC could not bind the port
+            why = "port %s is already in use: by an earlier run, or another program?" % args.address
+        elif isinstance(e, (tf.errors.UnavailableError, tf.errors.DeadlineExceededError)):
+            why = "%s: a peer is gone or did not answer in time" % type(e).__name__
+        print("error: %s %d stopped: %s" % (args.job_name, args.task_index, why),
+              file=sys.stderr, flush=True)
+        code = 2
+    os._exit(code)  # (every line of ours was flushed)
+# <<< shared: tf2 cluster
+
+
+# >>> shared: tf2 coordinated
+@contextlib.contextmanager
+def bounded_start(args, cluster):
+    """Around ParameterServerStrategy's start, which waits for every task of the cluster without
+    a bound: with no start after --connect_timeout, one line that names the silent, and exit."""
+    started = threading.Event()
+
+    def watch():
+        if not wait_for(started.is_set, args.connect_timeout):
+            silent = [a for hosts in cluster.values() for a in hosts if not is_listening(a)]
+            print("error: %s %d stopped: the cluster has not started within %g s; silent: %s" % (
+                args.job_name, args.task_index, args.connect_timeout, ",".join(silent) or "none"),
+                file=sys.stderr, flush=True)
+            os._exit(2)
+    threading.Thread(target=watch, daemon=True).start()
+    yield
+    started.set()
 
 
 def serve_until_gone(args, cluster, watched):
-    """A server that has nothing to run itself (a ps; a worker the coordinator drives): serve
-    until the process at address watched has come and gone. TensorFlow's server never stops
-    and join() ignores SIGTERM, so the process ends itself once it is no longer needed."""
+    """A task with nothing of its own to run (a ps; a worker the coordinator drives) serves until
+    the task at watched has come and gone (a server never stops; its join() ignores SIGTERM): its
+    port refuses a connection, or leaves them unanswered for --connect_timeout (a host that is
+    down never answers; a slow link late: at 20 Mbit/s the coordinator's start-up did)."""
     role = "%s%d" % (args.job_name, args.task_index)
     tf.distribute.Server(tf.train.ClusterSpec(cluster), job_name=args.job_name,
                          task_index=args.task_index, protocol="grpc", start=True)
-    print("[%s] serving at %s until %s is done"
-          % (role, cluster[args.job_name][args.task_index], watched), flush=True)
+    print("[%s] serving at %s until %s is done" % (role, args.address, watched), flush=True)
     if not wait_for(lambda: is_listening(watched), args.connect_timeout):
         fail("%s: %s did not come up within %.0f s" % (role, watched, args.connect_timeout))
-    wait_for(is_gone(watched, args.connect_timeout))
-    print("[%s] %s is gone; shutting down" % (role, watched), flush=True)
-    os._exit(0)  # the server's threads would keep an ordinary exit waiting forever
-
-
-def is_gone(address, silence):
-    """A check for wait_for: whether the process at address is gone. Its port refusing a
-    connection says so at once; a connection that is not answered does only after silence
-    seconds of it (a host that is down never answers, but a busy slow link answers late: at
-    20 Mbit/s the coordinator's start-up filled its link for seconds, and a ps that took the
-    unanswered connection for the end shut down under a run that had just started)."""
-    unanswered_since = [None]
-
-    def check():
+    answered = time.time()
+    while time.time() < answered + args.connect_timeout:
         try:
-            socket.create_connection(address.rsplit(":", 1), timeout=1).close()
+            socket.create_connection(watched.rsplit(":", 1), timeout=1).close()
+            answered = time.time()
         except ConnectionRefusedError:
-            return True
+            break
         except OSError:  # no answer within the second, or no route for now
-            unanswered_since[0] = unanswered_since[0] or time.time()
-            return time.time() - unanswered_since[0] > silence
-        unanswered_since[0] = None
-        return False
-    return check
+            pass
+        time.sleep(0.25)  # the pace of the checks
+    print("[%s] %s is gone; shutting down" % (role, watched), flush=True)
+    return 0
+# <<< shared: tf2 coordinated
 
 
-def run_and_exit(train, args, cluster, data):
-    """Run train(args, cluster, data); a lost peer ends the task in one line. Then exit at once:
-    the strategy's threads would keep an ordinary exit waiting for servers that are gone."""
-    try:
-        code = train(args, cluster, data)
-    except tf.errors.OpError as e:
-        lost = isinstance(e, (tf.errors.UnavailableError, tf.errors.DeadlineExceededError))
-        why = "a peer is gone or did not answer in time" if lost else cause(e)
-        print("error: %s %d stopped: %s: %s" % (args.job_name, args.task_index,
-                                                type(e).__name__, why), file=sys.stderr)
-        code = 2
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-# <<< shared: tf2 cluster
+# >>> shared: tf2 data
+ARRAYS_IN_A_GRAPH_MB = 256  # a traced dataset function's arrays at most (see arrays_dataset)
+
+
+def arrays_dataset(x, y, worker_index, num_workers, seed, scale=1.0):
+    """This worker's shard of the arrays (x, y), example by example, in a new order every epoch,
+    integer pixels divided by scale after the shuffle. Traced (ParameterServerStrategy's dataset
+    function), they are a constant of a graph every worker holds (a GraphDef: 2 GB at most)."""
+    size = (x.nbytes + y.nbytes) / 2**20
+    if not tf.executing_eagerly() and size > ARRAYS_IN_A_GRAPH_MB:
+        fail("%.0f MB of training arrays would be a constant of the traced dataset function, on "
+             "every worker (at most %d MB): write them as TFRecord files (python tools/npz_to_tf"
+             "record.py DATA.npz FOLDER) and give --data_path FOLDER"
+             % (size, ARRAYS_IN_A_GRAPH_MB))
+    examples = tf.data.Dataset.from_tensor_slices((x, y)).shard(num_workers, worker_index)
+    examples = examples.shuffle(len(x) // num_workers + 1, seed=seed)  # the shards differ
+    if x.dtype == np.float32:
+        return examples
+    return examples.map(lambda xs, ys: (tf.cast(xs, tf.float32) / scale, ys))
+
+
+def test_batches(data, size=1000):
+    """The test set, size examples a batch, x in float32 scaled as in training: streamed from
+    the TFRecord files (never all in memory), or sliced from the arrays."""
+    if isinstance(data, Records):
+        return iter(tf.data.TFRecordDataset(data.test_files).batch(size).map(parse_records(data)))
+    return ((tf.cast(data.x_test[i:i + size], tf.float32) / getattr(data, "x_scale", 1.0),
+             data.y_test[i:i + size]) for i in range(0, len(data.x_test), size))
+# <<< shared: tf2 data
 
 
 # >>> shared: tf2 run
 class TrainingRun(object):
-    """The run as this task keeps it: checkpoints (the latest in --log_dir restored at the start,
-    one saved with every progress line and at the end), progress lines, and the chief's test
-    metrics, TensorBoard summaries and summary line. train() hands it test_metrics(x, y), a dict
-    of metrics for a batch of test examples (each a mean over the batch), and test_set (the
-    data, or arrays (x, y): test_batches), fed to it in batches; and after_restore(), if
-    given, which runs once this task has restored what its --log_dir holds, before the step it
-    starts from is read."""
+    """The progress lines, and the chief's test metrics (to TensorBoard too, with the loss) and
+    summary line. train() hands it the global step (a variable), test_metrics(x, y) (means over
+    a batch, by name), test_set() (the batches (x, y)) and the mini-batches a step trains."""
 
-    def __init__(self, args, cluster, test_metrics, test_set, checkpoint, is_chief=True,
-                 after_restore=None):
-        self.args, self.cluster, self.is_chief = args, cluster, is_chief
+    def __init__(self, args, cluster, global_step, test_metrics, test_set, is_chief=True,
+                 minibatches_per_step=1):
+        self.cluster, self.global_step, self.is_chief = cluster, global_step, is_chief
         self.test_metrics, self.test_set = test_metrics, test_set
-        self.role = "%s%d" % (args.job_name, args.task_index)
-        # every task restores the latest checkpoint in its --log_dir; only the chief's saves are
-        # kept (with MultiWorkerMirroredStrategy every task must save: the others save to
-        # scratch, and after_restore() then gives every copy the chief's values)
-        self.scratch = None if is_chief else tempfile.mkdtemp(prefix="checkpoint-scratch-")
-        self.manager = tf.train.CheckpointManager(checkpoint, self.scratch or args.log_dir,
-                                                  max_to_keep=3)
-        latest = tf.train.latest_checkpoint(args.log_dir)
-        if latest:
-            checkpoint.restore(latest)
-            print("[%s] resuming from the checkpoint at global step %d"
-                  % (self.role, int(checkpoint.global_step.numpy())), flush=True)
-        if after_restore:
-            after_restore()
-        self.start_step = int(checkpoint.global_step.numpy())
+        self.role, self.per_step = "%s%d" % (args.job_name, args.task_index), minibatches_per_step
         self.writer = tf.summary.create_file_writer(args.log_dir) if is_chief else None
-        self.history = []
-        self.start_clock(self.start_step)  # again when the loop's first step returns
+        self.start_step = int(global_step.numpy())
+        self.start_clock()  # again once the first step has returned: its tracing untimed
         print("[%s] training started: log_dir=%s" % (self.role, args.log_dir), flush=True)
 
-    def start_clock(self, global_step):
-        """The run's clock (its rates, its history's seconds) starts once the first step has
-        returned, in every example: set-up, and the tracing of the step function, untimed. The
-        loop calls it with the global step then."""
-        self.started = self.progress_time = time.time()
-        self.timed_from_step = self.progress_step = global_step
+    def start_clock(self):
+        self.clock = self.last_line = (int(self.global_step.numpy()), time.time())
 
-    def evaluate(self, global_step, loss=None):
-        """The test metrics, each a mean over the test set, 1000 examples at a time; also to
-        TensorBoard, with the loss if given."""
-        totals, examples = {}, 0
-        for x, y in test_batches(self.test_set):
-            for name, value in self.test_metrics(x, y).items():
-                totals[name] = totals.get(name, 0.0) + float(value) * len(x)
-            examples += len(x)
-        metrics = {name: total / examples for name, total in totals.items()}
-        seconds = round(time.time() - self.started, 3)
-        self.history.append([seconds, global_step] + list(metrics.values()))
-        with self.writer.as_default():
-            for name, value in metrics.items():
-                tf.summary.scalar("test_" + name, value, step=global_step)
-            if loss is not None:
-                tf.summary.scalar("loss", loss, step=global_step)
+    def pace(self, since):  # the global step, and the mini-batches a second since (step, time)
+        step = int(self.global_step.numpy())
+        return step, (step - since[0]) * self.per_step / (time.time() - since[1])
+
+    def evaluate(self, step, loss=None):
+        """The test metrics, each a mean over every test example, by name; to TensorBoard."""
+        totals, examples = collections.Counter(), 0
+        for x, y in self.test_set():
+            totals.update({name: float(v) * len(y) for name, v in self.test_metrics(x, y).items()})
+            examples += len(y)
+        metrics = {"test_" + name: total / examples for name, total in totals.items()}
+        with self.writer.as_default(step=step):
+            for tag, v in list(metrics.items()) + ([("loss", loss)] if loss is not None else []):
+                tf.summary.scalar(tag, v)
         return metrics
 
-    def progress(self, loss, global_step):
-        """A progress line, a checkpoint; the chief adds the test metrics and summaries."""
-        rate = (global_step - self.progress_step) / (time.time() - self.progress_time)
-        line = "[%s] global_step=%d loss=%.4f" % (self.role, global_step, loss)
+    def progress(self, loss):  # the global step, the loss, the chief's test metrics, the pace
+        step, rate = self.pace(self.last_line)
+        metrics = self.evaluate(step, loss) if self.is_chief else {}
+        print("[%s] global_step=%d loss=%.4f%s steps_per_sec=%.1f" % (self.role, step, loss,
+              "".join(" %s=%.4f" % metric for metric in metrics.items()), rate), flush=True)
+        self.last_line = (step, time.time())
+
+    def end(self, local_steps, lost_workers=0, **extra):
+        """The chief's summary line; local_steps: each worker's mini-batches (its shard's)."""
         if self.is_chief:
-            for name, value in self.evaluate(global_step, loss).items():
-                line += " test_%s=%.4f" % (name, value)
-        print(line + " steps_per_sec=%.1f" % rate, flush=True)
-        self.manager.save(checkpoint_number=global_step)
-        self.progress_step, self.progress_time = global_step, time.time()
-
-    def end(self, global_step, local_steps, lost_workers=0, minibatches_per_update=1, **extra):
-        """The final checkpoint; the chief evaluates and prints the summary (and its JSON)."""
-        self.manager.save(checkpoint_number=global_step)
-        if not self.is_chief:
-            self.remove_scratch()
-            return 0
-        seconds = time.time() - self.started
-        minibatches = (global_step - self.timed_from_step) * minibatches_per_update
-        summary = dict(example=EXAMPLE)
-        for name, value in self.evaluate(global_step).items():
-            summary["test_" + name] = value
-        summary.update(
-            global_step=global_step, workers=len(self.cluster["worker"]),
-            ps=len(self.cluster.get("ps", [])), lost_workers=lost_workers,
-            local_steps=local_steps, updates=global_step - self.start_step,
-            timed_from_step=self.timed_from_step, timed_seconds=seconds,
-            steps_per_sec=minibatches / seconds,
-            examples_per_sec=minibatches * self.args.batch_size / seconds, **extra)
-        self.writer.close()
-        print_summary(self.role, summary, self.history, self.args.metrics_file)
+            step, rate = self.pace(self.clock)
+            print_summary(self.role, dict(
+                example=EXAMPLE, **self.evaluate(step), global_step=step,
+                workers=len(self.cluster["worker"]), ps=len(self.cluster.get("ps", [])),
+                lost_workers=lost_workers, local_steps=local_steps,
+                updates=step - self.start_step, steps_per_sec=rate, **extra))
+            self.writer.close()
         return 0
-
-    def remove_scratch(self):
-        """A task that is not the chief removes its scratch checkpoints: at the end, and before
-        any os._exit (which skips every clean-up)."""
-        if self.scratch:
-            shutil.rmtree(self.scratch, ignore_errors=True)
 # <<< shared: tf2 run
 
 

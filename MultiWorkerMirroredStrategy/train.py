@@ -127,22 +127,32 @@ def model_metrics(params, x, y):
 
 
 # --- The algorithm --------------------------------------------------------------------------------
-Mirrored = collections.namedtuple("Mirrored", "strategy params global_step iterator train_step")
+Mirrored = collections.namedtuple("Mirrored", "strategy params global_step batches train_step")
 
 
 def build_mirrored(args, cluster, data):
     """The strategy, the mirrored variables, this worker's dataset, and one synchronous step."""
-    strategy = tf.distribute.MultiWorkerMirroredStrategy(  # reads TF_CONFIG; waits for all
+    # the strategy's start waits for every worker without a bound, and holds Python meanwhile (no
+    # thread runs, a SIGTERM waits): so the others wait for the chief's port first, and no longer
+    # than --connect_timeout (the chief itself waits on for the others)
+    chief = cluster["worker"][0]
+    if args.task_index and not wait_for(lambda: is_listening(chief), args.connect_timeout):
+        fail("worker %d: the chief (worker 0) at %s did not come up within %g s"
+             % (args.task_index, chief, args.connect_timeout))
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(  # it reads TF_CONFIG
         communication_options=tf.distribute.experimental.CommunicationOptions(
             bytes_per_pack=args.bytes_per_pack, timeout_seconds=args.step_timeout))
+    example_shape = data.shape if isinstance(data, Records) else data.x_train.shape[1:]
     with strategy.scope():  # a copy on every worker; the initial values come from worker 0
-        params = model_params(example_shape(data), args.hidden, args.seed, data.num_classes)
+        params = model_params(example_shape, args.hidden, args.seed, data.num_classes)
         global_step = tf.Variable(0, dtype=tf.int64, name="global_step")
 
-    def dataset_fn(context):  # this worker's own part of the training set
+    def dataset_fn(context):  # this worker's own part of the training set, in an order of its
+        # own that the global step it starts from mixes in: a resumed run does not replay it
+        seed = (args.seed * 1000 + context.input_pipeline_id) * 1000003 + int(global_step.numpy())
         return training_dataset(data, args.batch_size, context.input_pipeline_id,
-                                context.num_input_pipelines, args.seed)
-    iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
+                                context.num_input_pipelines, seed)
+    batches = lambda: iter(strategy.distribute_datasets_from_function(dataset_fn))
     # the linear scaling rule: N mini-batches a step, one on each replica (a worker's GPUs, or
     # its CPU), so N is the number of replicas, not of workers
     learning_rate = args.learning_rate * strategy.num_replicas_in_sync
@@ -163,35 +173,44 @@ def build_mirrored(args, cluster, data):
         mean_loss = strategy.run(step, args=next(iterator))
         global_step.assign_add(1)
         return strategy.experimental_local_results(mean_loss)[0]  # the same on every replica
-    return Mirrored(strategy, params, global_step, iterator, train_step)
+    return Mirrored(strategy, params, global_step, batches, train_step)
 
 
 # --- The training loop ----------------------------------------------------------------------------
 def train(args, cluster, data):
     """Every worker runs this loop; worker 0 (the chief) reports and keeps the checkpoints."""
-    workers = len(cluster["worker"])
     mirrored = build_mirrored(args, cluster, data)
+    is_chief, replicas = args.task_index == 0, mirrored.strategy.num_replicas_in_sync
+    # each worker restores the latest checkpoint in its own --log_dir, and every worker saves (a
+    # checkpoint of mirrored variables is collective): the others into a scratch folder
     checkpoint = tf.train.Checkpoint(global_step=mirrored.global_step, **mirrored.params)
-    run = TrainingRun(args, cluster, lambda x, y: model_metrics(mirrored.params, x, y),
-                      data, checkpoint, is_chief=args.task_index == 0,
-                      after_restore=lambda: take_the_chiefs_values(args, mirrored))
-    preemption = on_sigterm_save_and_exit(args, mirrored, run)
-    replicas = mirrored.strategy.num_replicas_in_sync  # a mini-batch each in every step
+    scratch = None if is_chief else tempfile.mkdtemp(prefix="checkpoint-scratch-")
+    checkpoints = tf.train.CheckpointManager(checkpoint, scratch or args.log_dir, max_to_keep=3)
+    if tf.train.latest_checkpoint(args.log_dir):
+        checkpoint.restore(tf.train.latest_checkpoint(args.log_dir))
+        print("[worker%d] resuming from the checkpoint at global step %d"
+              % (args.task_index, mirrored.global_step.numpy()), flush=True)
+    take_the_chiefs_values(args, mirrored)
+    run = TrainingRun(args, cluster, mirrored.global_step, lambda x, y: model_metrics(
+        mirrored.params, x, y), lambda: test_batches(data), is_chief, replicas)
+    iterator = mirrored.batches()  # made now, at the step it starts from
+    preemption = on_sigterm_save_and_exit(args, mirrored, checkpoints, scratch)
     last_step = math.ceil(args.steps / replicas)  # --steps counts the mini-batches of all workers
     try:
         for step in range(run.start_step + 1, last_step + 1):
-            loss = preemption.run(mirrored.train_step, mirrored.iterator)  # a step, or save, exit
+            loss = preemption.run(mirrored.train_step, iterator)  # a step, or save and exit
             if step == run.start_step + 1:  # traced and run once: the clock starts
-                run.start_clock(step)
+                run.start_clock()
             if step % args.log_every == 0 or step == last_step:
-                run.progress(float(loss), step)  # every worker saves: a checkpoint is collective
-    except tf.errors.OpError:  # a lost peer: run_and_exit says so in one line and exits
-        run.remove_scratch()
-        raise
+                run.progress(float(loss))
+                checkpoints.save(checkpoint_number=step)  # on every worker: it is collective
+    finally:  # at the end, or as a lost peer ends the run (run_task says so in one line)
+        if scratch:
+            shutil.rmtree(scratch, ignore_errors=True)
     checksum = sum(float(tf.reduce_sum(p)) for p in mirrored.params.values())
     print("[worker%d] done: parameters checksum=%.9g" % (args.task_index, checksum), flush=True)
-    steps = int(mirrored.global_step.numpy())
-    return run.end(steps, [steps] * workers, minibatches_per_update=replicas,
+    steps = int(mirrored.global_step.numpy())  # every worker took part in every step
+    return run.end([steps] * len(cluster["worker"]),
                    learning_rate_eff=args.learning_rate * replicas)
 
 
@@ -221,10 +240,10 @@ def take_the_chiefs_values(args, mirrored):
               "worker's --log_dir gave step %d)" % (args.task_index, step, own_step), flush=True)
 
 
-def on_sigterm_save_and_exit(args, mirrored, run):
+def on_sigterm_save_and_exit(args, mirrored, checkpoints, scratch):
     """A worker sent SIGTERM (what Kubernetes sends a pod it is about to stop, a grace period
     before it kills it): every worker finishes the same step, the chief saves a checkpoint in
-    --log_dir (through run.manager, the run's CheckpointManager; the others in their scratch
+    --log_dir (through checkpoints, the run's CheckpointManager; the others in their scratch
     folders, which they then remove), and every worker exits with status PREEMPTED, so that the
     restarted run resumes there (tf.distribute.experimental.PreemptionCheckpointHandler,
     through the cluster's coordination service)."""
@@ -233,10 +252,11 @@ def on_sigterm_save_and_exit(args, mirrored, run):
               "the run again to resume (exit status %d)" % (
                   args.task_index, int(mirrored.global_step.numpy()), args.log_dir, PREEMPTED),
               file=sys.stderr, flush=True)
-        run.remove_scratch()
+        if scratch:
+            shutil.rmtree(scratch, ignore_errors=True)
         sys.stdout.flush()
         os._exit(PREEMPTED)  # the strategy's threads would keep an ordinary exit waiting
-    save = lambda: run.manager.save(checkpoint_number=int(mirrored.global_step.numpy()))
+    save = lambda: checkpoints.save(checkpoint_number=int(mirrored.global_step.numpy()))
     # The handler counts the steps it runs, saves that count, and restores it from the
     # checkpoints it is handed: the chief would count on from its checkpoint's count and a
     # worker whose --log_dir lacks it from 0, and they would never agree on the step to save
@@ -280,35 +300,14 @@ def main(argv=None):
     args = parse_flags(argv, example_flags)  # bad input fails here, before TensorFlow loads
     cluster = tf2_cluster(args, JOBS)
     data = load_dataset(args.data_path)  # a bad file fails here too, before TensorFlow loads
-    start_tensorflow(args, cluster)
-    return run_and_exit(train, args, cluster, data)
+    return run_task(args, train, args, cluster, data)
 
 
 # ==================================================================================================
 # Plumbing shared by every example (what a job needs besides its algorithm)
 # ==================================================================================================
-# What a task of a TensorFlow 2 cluster needs besides its algorithm, in this order; the same text
-# in every TensorFlow 2 train.py (a test keeps the copies equal):
-#   1. flags, each number of its type, and the cluster from them  parse_flags, number_type,
-#      or from TF_CONFIG; --data_path's file, checked             tf2_cluster, check_cluster,
-#                                                                  read_npz, Pixels, as_float32,
-#                                                                  port_taken
-#   2. TensorFlow loads after the checks; a failure ends the task
-#      in one line                                                start_tensorflow, run_and_exit,
-#                                                                  fail, cause
-#   3. a server with nothing of its own to run ends itself once
-#      the task it serves is gone                                 serve_until_gone, wait_for,
-#                                                                  is_listening, is_gone
-#   4. checkpoints and resume; progress lines with the test
-#      metrics; TensorBoard summaries                             TrainingRun, progress
-#   5. the summary line                                           end, print_summary
-#   6. the data's way in: TFRecord files, each worker reading     read_records, check_shards,
-#      its own; the test set in batches; a Keras model's weights  count_records, records_dataset,
-#      as the parameters (start_the_data: the tf.compat.v1        parse_records, arrays_dataset,
-#      examples')                                                 example_shape, test_batches,
-#                                                                  record_batches, session_stream,
-#                                                                  start_the_data, keras_params,
-#                                                                  keras_logits
+# Each block is one text in every train.py that has it (a test checks); this file's, in order:
+# flags, tasks, npz, records, summary, tf2 cluster, tf2 data, tf2 run.
 # >>> shared: flags
 def fail(message):
     """One line on stderr and exit status 2: for bad input and lost peers, never for bugs."""
@@ -372,278 +371,6 @@ def parse_flags(argv, example_flags):
 # <<< shared: flags
 
 
-# >>> shared: data files
-Records = collections.namedtuple("Records", "train_files test_files shape dtype scale num_classes")
-
-
-def read_records(path):
-    """--data_path's TFRecord files, checked before TensorFlow loads: a folder, or a glob of its
-    training files, as tools/npz_to_tfrecord.py writes them: train-*.tfrecord and
-    test-*.tfrecord, each record a tf.train.Example with the features x (the example's array,
-    its raw bytes) and y (its label: int64 for classes, float for a regression), and meta.json
-    (x_shape, x_dtype, x_scale: x is divided by it; num_classes: null for a regression;
-    train_examples and test_examples). The files of each part are all N of one write
-    (PART-K-of-N), holding the examples meta.json counts: never a glob's test files, nor an
-    older write's files left in the folder, trained on."""
-    if os.path.isdir(path):
-        folder, train_files = path, sorted(glob.glob(os.path.join(path, "train-*.tfrecord")))
-    else:
-        train_files = sorted(glob.glob(path))
-        folder = os.path.dirname(train_files[0]) if train_files else os.path.dirname(path)
-    tested = [f for f in train_files if os.path.basename(f).startswith("test-")]
-    if tested:  # a glob as broad as DIR/*.tfrecord
-        fail("%s takes test files (%s) as training files: give the folder, or a glob of its "
-             "train-*.tfrecord" % (path, os.path.basename(tested[0])))
-    if not train_files:
-        fail("%s: no training files (train-*.tfrecord): give an .npz, or a folder of TFRecord "
-             "files that tools/npz_to_tfrecord.py wrote" % path)
-    test_files = sorted(glob.glob(os.path.join(folder, "test-*.tfrecord")))
-    if not test_files:
-        fail("%s: no test files (test-*.tfrecord) beside the training files" % folder)
-    check_shards(folder, train_files, "train")  # one write's, whole: not two writes' mixed
-    check_shards(folder, test_files, "test")
-    try:
-        with open(os.path.join(folder, "meta.json")) as f:
-            meta = json.load(f)
-        shape, dtype = tuple(int(n) for n in meta["x_shape"]), np.dtype(meta["x_dtype"])
-        scale, num_classes = float(meta["x_scale"]), meta["num_classes"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        fail("%s: no readable meta.json (%s: %s) beside the TFRecord files: write them with "
-             "python tools/npz_to_tfrecord.py DATA.npz FOLDER" % (folder, type(e).__name__, e))
-    counts = {part: sum(count_records(name) for name in files)
-              for part, files in (("train", train_files), ("test", test_files))}
-    for part in ("train", "test"):
-        if meta.get(part + "_examples", counts[part]) != counts[part]:
-            fail("%s: its %s files hold %d examples, meta.json says %d: files of another "
-                 "write? Write the folder again, into an empty one (tools/npz_to_tfrecord.py)"
-                 % (folder, part, counts[part], meta[part + "_examples"]))
-    return Records(train_files, test_files, shape, dtype, scale, num_classes)
-
-
-def check_shards(folder, files, part):
-    """files are one write's PART-K-of-N.tfrecord, all N of them: not two writes' mixed."""
-    totals = sorted({os.path.basename(f).rsplit("-of-", 1)[-1].split(".")[0] for f in files})
-    if len(totals) != 1 or not totals[0].isdigit() or int(totals[0]) != len(files):
-        fail("%s: its %s files are not the %s of one write (%d file(s), %s): write the folder "
-             "again, into an empty one (tools/npz_to_tfrecord.py)" % (
-                 folder, part, "N files -of-N" if len(totals) == 1 else "same -of-N",
-                 len(files), " and ".join("-of-" + t for t in totals)))
-
-
-def count_records(name):
-    """The records in a TFRecord file, read from their headers alone (each: its length, 8
-    bytes, and its checksum, 4; then the data and its checksum). Not one: a one-line error."""
-    size, records, offset = os.path.getsize(name), 0, 0
-    with open(name, "rb") as f:
-        while offset < size:
-            header = f.read(12)
-            length = int.from_bytes(header[:8], "little") if len(header) == 12 else -1
-            if not 0 < length <= size - offset - 16:
-                fail("%s is not a TFRecord file (tools/npz_to_tfrecord.py writes them)" % name)
-            offset += 16 + length
-            f.seek(offset)
-            records += 1
-    return records
-
-
-def records_dataset(data, batch_size, worker_index, num_workers, seed):
-    """This worker's endless stream of mini-batches from its own TFRecord files (file k goes to
-    worker k mod N): no worker reads, or holds, the whole set. Every epoch, its files in a new
-    order, read a few at a time, interleaved; records shuffled in a buffer of 10,000, batched,
-    then parsed and scaled a batch at a time, in parallel, ahead of the training step."""
-    if len(data.train_files) < num_workers:
-        fail("%d training file(s) for %d workers: each worker reads files of its own; write at "
-             "least %d (tools/npz_to_tfrecord.py --shards N)"
-             % (len(data.train_files), num_workers, num_workers))
-    if isinstance(worker_index, int):
-        mine = data.train_files[worker_index::num_workers]
-        uneven = len(data.train_files) % num_workers
-        print("[worker%d] reading %d of %d training files: %s%s" % (
-            worker_index, len(mine), len(data.train_files), ",".join(
-                os.path.basename(f) for f in mine), "" if not uneven else (
-                " (uneven: %d files over %d workers, so the examples of a worker with fewer "
-                "files come more often; write a multiple of %d shards)" % (
-                    len(data.train_files), num_workers, num_workers))), flush=True)
-    files = tf.data.Dataset.from_tensor_slices(data.train_files).shard(num_workers, worker_index)
-    records = files.shuffle(len(data.train_files), seed=seed).interleave(
-        tf.data.TFRecordDataset, cycle_length=4, num_parallel_calls=tf.data.AUTOTUNE)
-    records = records.shuffle(10000, seed=seed).repeat().batch(batch_size, drop_remainder=True)
-    return records.map(parse_records(data), tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
-
-
-def parse_records(data):
-    """The parser of a batch of the files' records (tf.train.Examples): x in float32, scaled
-    to [0, 1], and y. Training and the chief's test set read the files through this one."""
-    def parse(serialized):
-        features = tf.io.parse_example(serialized, {
-            "x": tf.io.FixedLenFeature([], tf.string),
-            "y": tf.io.FixedLenFeature([], tf.int64 if data.num_classes else tf.float32)})
-        x = tf.reshape(tf.io.decode_raw(features["x"], data.dtype), (-1,) + data.shape)
-        return tf.cast(x, tf.float32) / data.scale, features["y"]
-    return parse
-
-
-ARRAYS_IN_A_GRAPH_MB = 256  # ParameterServerStrategy's traced dataset function: larger arrays
-# are refused (each worker would hold the graph's copy, and a GraphDef holds 2 GB at most)
-
-
-def arrays_dataset(x, y, worker_index, num_workers, seed):
-    """This worker's shard of the arrays (x, y), example by example, in a new order every epoch,
-    integer pixels (Pixels) a byte each until they leave the shuffle. Never a constant of a
-    tf.compat.v1 graph (its GraphDef would hold the arrays: 2 GB at most, and copies in memory):
-    the graph asks Python for the shard when the pipeline starts. In TensorFlow 2 the arrays
-    themselves; ParameterServerStrategy traces its dataset function, which makes them a constant
-    of a graph that every worker holds, so arrays over ARRAYS_IN_A_GRAPH_MB are refused there."""
-    pixels, scale = (x.pixels, x.scale) if isinstance(x, Pixels) else (np.asarray(x), None)
-    if tf.compat.v1.executing_eagerly_outside_functions():
-        size = (pixels.nbytes + np.asarray(y).nbytes) / 2**20
-        if not tf.executing_eagerly() and size > ARRAYS_IN_A_GRAPH_MB:  # traced: a constant
-            fail("%.0f MB of training arrays would be a constant of the traced dataset function, "
-                 "on every worker (at most %d MB): write them as TFRecord files (python "
-                 "tools/npz_to_tfrecord.py DATA.npz FOLDER) and give --data_path FOLDER"
-                 % (size, ARRAYS_IN_A_GRAPH_MB))
-        examples = tf.data.Dataset.from_tensor_slices((pixels, y)).shard(num_workers,
-                                                                         worker_index)
-    else:
-        shard = lambda: (pixels[worker_index::num_workers], y[worker_index::num_workers])
-        arrays = tf.data.Dataset.range(1).map(lambda _: tuple(tf.compat.v1.py_func(
-            shard, [], [tf.as_dtype(pixels.dtype), tf.as_dtype(y.dtype)], stateful=False)))
-        examples = arrays.map(lambda xs, ys: (tf.ensure_shape(xs, (None,) + x.shape[1:]),
-                                              tf.ensure_shape(ys, (None,) + y.shape[1:]))).unbatch()
-    examples = examples.shuffle(len(x) // num_workers + 1, seed=seed)  # the shards differ
-    if scale is None:
-        return examples
-    return examples.map(lambda xs, ys: (tf.cast(xs, tf.float32) / scale, ys))
-
-
-def example_shape(data):
-    """The shape of one example: the arrays' rows, or the TFRecord files' x_shape."""
-    return data.shape if isinstance(data, Records) else data.x_train.shape[1:]
-
-
-def test_batches(test_set, size=1000):
-    """The test set, size examples at a time: the data (its x_test and y_test), the arrays
-    (x, y), or TFRecord files (Records: read as they stream, never all in memory)."""
-    if not isinstance(test_set, Records):
-        x, y = (test_set.x_test, test_set.y_test) if hasattr(test_set, "x_test") else test_set
-        return ((x[i:i + size], y[i:i + size]) for i in range(0, len(x), size))
-    return record_batches(test_set, size)
-
-
-def record_batches(data, size):
-    """The test files' examples, size at a time, as they stream from the files: a
-    TFRecordDataset parsed as training parses them (parse_records), in a graph of its own."""
-    graph = tf.Graph()
-    with graph.as_default():  # left before the first yield: the caller's graph stays its own
-        batches = tf.data.TFRecordDataset(data.test_files).batch(size).map(parse_records(data))
-        next_batch = tf.compat.v1.data.make_one_shot_iterator(batches).get_next()
-    session = tf.compat.v1.Session(graph=graph)  # not as a "with": that makes it the default
-    try:
-        while True:
-            try:
-                x, y = session.run(next_batch)
-            except tf.errors.OutOfRangeError:
-                return
-            yield x, y
-    finally:
-        session.close()
-
-
-DATA_STARTS = ("data_starts", "data_start_steps")  # session_stream's: graph collections
-
-
-def session_stream(dataset, seed, worker_index):
-    """The next element of dataset(session_seed), as tensors of the graph. Every session starts
-    the stream anew (start_the_data), its seed drawn from seed, this worker and the global step
-    at the session's start: no two workers share an order, and after a restart or a resume a
-    worker does not replay the mini-batches it began with."""
-    start_step = tf.compat.v1.placeholder_with_default(np.int64(0), [], name="data_start_step")
-    iterator = tf.compat.v1.data.make_initializable_iterator(
-        dataset((seed * 1000 + worker_index) * 1000003 + start_step))
-    tf.compat.v1.add_to_collection(DATA_STARTS[0], iterator.initializer)
-    tf.compat.v1.add_to_collection(DATA_STARTS[1], start_step)
-    return iterator.get_next()
-
-
-def start_the_data(session, global_step):
-    """Start every training stream of the graph (session_stream) in a new session, at
-    global_step."""
-    starts, steps = (tf.compat.v1.get_collection(name) for name in DATA_STARTS)
-    session.run(starts, {step: global_step for step in steps})
-# <<< shared: data files
-
-
-# >>> shared: keras
-KERAS_MODELS = {}  # by names: the Keras model, the parameters keras_params made of it, and the
-# graph's name scope then (the start of its weights' names)
-
-
-def keras_params(model):
-    """A built Keras model's weights as an example's parameters: {name: variable}, in the order
-    the model made them (Keras 3's variables hold TensorFlow ones: those, which the examples'
-    loops differentiate and update). Remembered, so that keras_logits finds the model again.
-    The examples run every layer as at test and train every weight by its gradient, so a model
-    that acts otherwise in training is refused in one line: a layer that drops or adds noise at
-    random (Dropout, GaussianNoise, a Random* augmentation), weights not trained by gradients
-    (BatchNormalization's moving statistics, a frozen layer), or losses of the model's own (a
-    regulariser) that model_loss does not add."""
-    def refused():
-        for layer in model._flatten_layers(include_self=False):
-            kind = "layer %s (%s)" % (layer.name, type(layer).__name__)
-            if type(layer).__name__.startswith("Random") or any(
-                    getattr(layer, rate, 0) for rate in ("rate", "dropout", "recurrent_dropout",
-                                                         "stddev")):
-                return kind + " acts at random in training"
-            if layer.non_trainable_weights and not list(layer._flatten_layers(include_self=False)):
-                return kind + " has weights not trained by gradients"
-        if model.losses:
-            return "regulariser (model.losses) adds to the loss"
-    reason = refused()
-    if reason:
-        fail("the Keras model's %s: the examples run every layer as at test, train every weight "
-             "by its gradient and minimise model_loss alone; take it out, or write that part with "
-             "raw variables (docs/own-model.md)" % reason)
-    params = {}
-    for w in model.weights:
-        name = getattr(w, "path", None) or w.name.split(":")[0]
-        params[name] = w if isinstance(w, tf.Variable) else w.value
-    scope = tf.compat.v1.get_default_graph().get_name_scope()
-    KERAS_MODELS[tuple(params)] = (model, params, scope + "/" if scope else "")
-    return params
-
-
-def keras_logits(params, x):
-    """The logits, for the examples x, of the Keras model behind params, computed with params'
-    values: the model itself over its own weights; over any other dict of the same names (a
-    worker's local copy, the parameters plus noise), the model built again (tf_keras's
-    clone_model, in the tf.compat.v1 examples) with each weight taken from params by its name
-    (and checked for its shape): the copy's names are the model's, built in a scope of its own."""
-    model, own, scope = KERAS_MODELS[tuple(params)]
-    if params is own:
-        return model(x)
-    import tf_keras
-    taken = {}  # no weight of the dict twice
-
-    def weight_by_name(next_creator, **kwargs):
-        graph_scope = tf.compat.v1.get_default_graph().get_name_scope()
-        name = graph_scope[len(copy_scope):] + "/" + kwargs["name"]  # as the model names it
-        found = [n for n in params if n == scope + name] or [
-            n for n in params if n == name or n.endswith("/" + name)]
-        if len(found) != 1 or found[0] in taken:
-            raise ValueError("keras_logits: the copy's weight %s matches %s of the model's "
-                             "weights %s" % (name, found or "none", list(params)))
-        shape = tf.TensorShape(kwargs.get("shape"))
-        if not shape.is_compatible_with(params[found[0]].shape):
-            raise ValueError("keras_logits: the copy's weight %s has the shape %s, the dict's %s"
-                             % (name, shape, params[found[0]].shape))
-        taken[found[0]] = True
-        return params[found[0]]
-    with tf.compat.v1.name_scope("keras_copy") as copy_scope:  # a fresh scope: no name taken
-        with tf.variable_creator_scope(weight_by_name):
-            return tf_keras.models.clone_model(model)(x)  # (a model built at its first call)
-# <<< shared: keras
-
-
 # >>> shared: tasks
 def check_cluster(cluster, job, index):
     """Every address is host:port, the job is one of the cluster's, the index is in range."""
@@ -689,6 +416,90 @@ def wait_for(condition, seconds=float("inf"), waiting=None):
 # <<< shared: tasks
 
 
+# >>> shared: npz
+def read_npz(path):
+    """--data_path's .npz, checked before TensorFlow loads, as the Dataset's fields. Floats become
+    float32; integer pixels stay a byte each, scaled to [0, 1] by x_train's largest (x_scale) in
+    the pipeline; images (N, H, W) gain a channel axis; labels are whole numbers from 0."""
+    names = ("x_train", "y_train", "x_test", "y_test")
+    try:
+        with np.load(path) as f:
+            x_train, y_train, x_test, y_test = arrays = [f[name] for name in names]
+    except (OSError, KeyError, ValueError) as e:  # missing, unreadable, or a key missing
+        fail("cannot load %s (%s): give an .npz with x_train, y_train, x_test and y_test"
+             % (path, str(e).splitlines()[0]))
+    for name, a in zip(names, arrays):
+        if a.dtype.kind not in "biuf" or a.ndim == 0 or len(a) == 0:
+            fail("%s: %s must be a non-empty array of numbers, not %s %s"
+                 % (path, name, a.dtype, a.shape))
+        if a.dtype.kind == "f" and not np.isfinite(a).all():
+            fail("%s: %s has NaN or infinite values" % (path, name))
+        if name[0] == "y" and (a.ndim != 1 or np.any(a != np.round(a)) or a.min() < 0):
+            fail("%s: %s must hold class labels: whole numbers from 0" % (path, name))
+    if len(x_train) != len(y_train) or len(x_test) != len(y_test):
+        fail("%s: x and y differ in length: %d and %d to train, %d and %d to test"
+             % (path, len(x_train), len(y_train), len(x_test), len(y_test)))
+    if x_train.shape[1:] != x_test.shape[1:]:
+        fail("%s: train and test examples differ in shape: %s and %s"
+             % (path, x_train.shape[1:], x_test.shape[1:]))
+    if x_train.ndim == 3:  # images without a channel axis
+        x_train, x_test = x_train[..., np.newaxis], x_test[..., np.newaxis]
+    scale = max(float(x_train.max()), 1.0) if x_train.dtype.kind in "biu" else 1.0
+    if scale == 1.0:
+        x_train, x_test = x_train.astype(np.float32), x_test.astype(np.float32)
+    num_classes = int(max(y_train.max(), y_test.max())) + 1
+    return x_train, y_train.astype(np.int64), x_test, y_test.astype(np.int64), num_classes, scale
+# <<< shared: npz
+
+
+# >>> shared: records
+Records = collections.namedtuple("Records", "train_files test_files shape dtype x_scale "
+                                 "num_classes")
+
+
+def read_records(folder):
+    """--data_path's folder as tools/npz_to_tfrecord.py writes it: train-*.tfrecord and
+    test-*.tfrecord (tf.train.Examples of x, the array's bytes, and y) and meta.json."""
+    train, test = (sorted(glob.glob(os.path.join(folder, part + "-*.tfrecord")))
+                   for part in ("train", "test"))
+    try:
+        with open(os.path.join(folder, "meta.json")) as f:
+            meta = json.load(f)
+        assert train and test, "no %s files" % ("train-*.tfrecord" if test else "test-*.tfrecord")
+        return Records(train, test, tuple(meta["x_shape"]), np.dtype(meta["x_dtype"]),
+                       float(meta["x_scale"]), meta["num_classes"])
+    except (OSError, ValueError, KeyError, TypeError, AssertionError) as e:
+        fail("%s is no folder of TFRecord files (%s): write one with python "
+             "tools/npz_to_tfrecord.py DATA.npz FOLDER" % (folder, e))
+
+
+def records_dataset(data, batch_size, worker_index, num_workers, seed):
+    """This worker's endless stream of mini-batches from its own files (file k goes to worker
+    k mod N): no worker reads the whole set. Every epoch its files in a new order, interleaved,
+    the records shuffled in a buffer of 10,000, batched, then parsed a batch at a time."""
+    if len(data.train_files) < num_workers:
+        fail("%d training file(s) for %d workers: each worker reads files of its own; write at "
+             "least %d (npz_to_tfrecord.py --shards)" % (len(data.train_files), num_workers,
+                                                         num_workers))
+    files = tf.data.Dataset.from_tensor_slices(data.train_files).shard(num_workers, worker_index)
+    records = files.shuffle(len(data.train_files), seed=seed).interleave(
+        tf.data.TFRecordDataset, cycle_length=4, num_parallel_calls=tf.data.AUTOTUNE)
+    records = records.shuffle(10000, seed=seed).repeat().batch(batch_size, drop_remainder=True)
+    return records.map(parse_records(data), tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
+
+
+def parse_records(data):
+    """The parser of a batch of records (training's, the test set's): x scaled to [0, 1], y."""
+    def parse(serialized):
+        features = tf.io.parse_example(serialized, {
+            "x": tf.io.FixedLenFeature([], tf.string),
+            "y": tf.io.FixedLenFeature([], tf.int64 if data.num_classes else tf.float32)})
+        x = tf.reshape(tf.io.decode_raw(features["x"], data.dtype), (-1,) + data.shape)
+        return tf.cast(x, tf.float32) / data.x_scale, features["y"]
+    return parse
+# <<< shared: records
+
+
 # >>> shared: summary
 def print_summary(role, summary):
     """The run's last line, key=value ...: what users, the tests and the benchmarks read."""
@@ -701,211 +512,148 @@ def print_summary(role, summary):
 
 # >>> shared: tf2 cluster
 def tf2_cluster(args, jobs):
-    """The cluster from the flags, or else from TF_CONFIG; jobs: the job names this example uses
-    (its JOBS). Writes the result into TF_CONFIG, where the strategies read it, and sets
-    args.job_name and args.task_index, and connect_timeout if not given: 60 s, or 600 s under
-    TF_CONFIG."""
-    given = {"chief": getattr(args, "chief_host", ""), "worker": args.worker_hosts,
-             "ps": args.ps_hosts}
-    from_flags = args.job_name or any(given.values()) or "TF_CONFIG" not in os.environ
+    """The cluster of jobs (its JOBS) from the flags, or else TF_CONFIG, written to TF_CONFIG for
+    the strategies. Sets job_name, task_index, address, connect_timeout (600 s under TF_CONFIG)."""
+    given = dict(chief=getattr(args, "chief_host", ""), worker=args.worker_hosts, ps=args.ps_hosts)
+    job, index = args.job_name, args.task_index
+    from_flags = job or any(given.values()) or "TF_CONFIG" not in os.environ
     if args.connect_timeout is None:  # a cluster's pods may start minutes apart
         args.connect_timeout = 60.0 if from_flags else 600.0
     if from_flags:
-        if not all(given[job] for job in jobs):
-            flags = ["--chief_host" if job == "chief" else "--%s_hosts" % job for job in jobs]
-            fail("give %s (or set TF_CONFIG)" % " and ".join(flags))
-        cluster = {job: given[job].replace(" ", "").split(",") for job in jobs}
-        job, index = args.job_name, args.task_index
+        if not all(given[name] for name in jobs):
+            fail("give %s (or set TF_CONFIG)" % " and ".join("--" + (
+                "chief_host" if name == "chief" else name + "_hosts") for name in jobs))
+        cluster = {name: given[name].replace(" ", "").split(",") for name in jobs}
     else:
         try:
             config = json.loads(os.environ["TF_CONFIG"])
-            spec = dict(config["cluster"])
-            job, index = config["task"]["type"], int(config["task"].get("index") or 0)
-            if "chief" in spec and "chief" not in jobs:  # a chief of workers is worker 0
-                chief = list(spec.pop("chief"))
-                spec["worker"] = chief + list(spec.get("worker", []))
-                if job == "chief":
-                    job, index = "worker", 0
-                elif job == "worker":
-                    index += len(chief)  # the workers come after the chief
+            spec, job = dict(config["cluster"]), config["task"]["type"]
+            index = int(config["task"].get("index") or 0)
+            chief = [] if "chief" in jobs else list(spec.pop("chief", []))  # then: worker 0
+            spec["worker"] = chief + list(spec.get("worker", []))
+            if chief and job in ("chief", "worker"):
+                job, index = "worker", 0 if job == "chief" else index + len(chief)
             cluster = {name: list(spec[name]) for name in jobs}
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             fail("TF_CONFIG is not valid cluster JSON for %s (%s: %s)"
                  % ("/".join(jobs), type(e).__name__, e))
         if job == "evaluator":
-            fail("an evaluator task is not needed here: the %s evaluates; remove it from "
-                 "TF_CONFIG" % ("chief" if "chief" in jobs else "worker 0"))
+            fail("an evaluator task is not needed here: the %s evaluates; remove it from TF_CONFIG"
+                 % ("chief" if "chief" in jobs else "worker 0"))
     check_cluster(cluster, job, index)
-    os.environ["TF_CONFIG"] = json.dumps({"cluster": cluster,
-                                          "task": {"type": job, "index": index}})
-    args.job_name, args.task_index = job, index
+    os.environ["TF_CONFIG"] = json.dumps(dict(cluster=cluster, task=dict(type=job, index=index)))
+    args.job_name, args.task_index, args.address = job, index, cluster[job][index]
     return cluster
 
 
-def start_tensorflow(args, cluster):
-    """Check this task's port, then load TensorFlow (eager, as TensorFlow 2 runs)."""
-    global tf  # loaded only now: bad input has failed in one line, without TensorFlow's start-up
-    address = cluster[args.job_name][args.task_index]
-    if port_taken(address):  # in one line here, rather than deep inside gRPC
-        fail("%s %d: port %s is already in use: by an earlier run, or another program?"
-             % (args.job_name, args.task_index, address))
+def run_task(args, task, *task_args):
+    """Load TensorFlow (bad input has failed before its start-up), run task(*task_args), and exit
+    at once (the strategy's threads would keep an exit waiting); an error that ends it: one line."""
+    global tf
     if os.environ.get("VERBOSE") != "1":  # before the import: TensorFlow's C++ log reports
         os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"  # every peer that leaves as an error
     import tensorflow as tf
-    tf.get_logger().setLevel("ERROR")
-
-
-def serve_until_gone(args, cluster, watched):
-    """A server that has nothing to run itself (a ps; a worker the coordinator drives): serve
-    until the process at address watched has come and gone. TensorFlow's server never stops
-    and join() ignores SIGTERM, so the process ends itself once it is no longer needed."""
-    role = "%s%d" % (args.job_name, args.task_index)
-    tf.distribute.Server(tf.train.ClusterSpec(cluster), job_name=args.job_name,
-                         task_index=args.task_index, protocol="grpc", start=True)
-    print("[%s] serving at %s until %s is done"
-          % (role, cluster[args.job_name][args.task_index], watched), flush=True)
-    if not wait_for(lambda: is_listening(watched), args.connect_timeout):
-        fail("%s: %s did not come up within %.0f s" % (role, watched, args.connect_timeout))
-    wait_for(is_gone(watched, args.connect_timeout))
-    print("[%s] %s is gone; shutting down" % (role, watched), flush=True)
-    os._exit(0)  # the server's threads would keep an ordinary exit waiting forever
-
-
-def is_gone(address, silence):
-    """A check for wait_for: whether the process at address is gone. Its port refusing a
-    connection says so at once; a connection that is not answered does only after silence
-    seconds of it (a host that is down never answers, but a busy slow link answers late: at
-    20 Mbit/s the coordinator's start-up filled its link for seconds, and a ps that took the
-    unanswered connection for the end shut down under a run that had just started)."""
-    unanswered_since = [None]
-
-    def check():
-        try:
-            socket.create_connection(address.rsplit(":", 1), timeout=1).close()
-        except ConnectionRefusedError:
-            return True
-        except OSError:  # no answer within the second, or no route for now
-            unanswered_since[0] = unanswered_since[0] or time.time()
-            return time.time() - unanswered_since[0] > silence
-        unanswered_since[0] = None
-        return False
-    return check
-
-
-def run_and_exit(train, args, cluster, data):
-    """Run train(args, cluster, data); a lost peer ends the task in one line. Then exit at once:
-    the strategy's threads would keep an ordinary exit waiting for servers that are gone."""
     try:
-        code = train(args, cluster, data)
+        code = task(*task_args)
+    except SystemExit as stop:  # fail() has said why
+        code = stop.code
     except tf.errors.OpError as e:
-        lost = isinstance(e, (tf.errors.UnavailableError, tf.errors.DeadlineExceededError))
-        why = "a peer is gone or did not answer in time" if lost else cause(e)
-        print("error: %s %d stopped: %s: %s" % (args.job_name, args.task_index,
-                                                type(e).__name__, why), file=sys.stderr)
+        why = "%s: %s" % (type(e).__name__, cause(e))
+        if "Could not start gRPC server" in e.message:  # gRPC could not bind the port
+            why = "port %s is already in use: by an earlier run, or another program?" % args.address
+        elif isinstance(e, (tf.errors.UnavailableError, tf.errors.DeadlineExceededError)):
+            why = "%s: a peer is gone or did not answer in time" % type(e).__name__
+        print("error: %s %d stopped: %s" % (args.job_name, args.task_index, why),
+              file=sys.stderr, flush=True)
         code = 2
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    os._exit(code)  # (every line of ours was flushed)
 # <<< shared: tf2 cluster
+
+
+# >>> shared: tf2 data
+ARRAYS_IN_A_GRAPH_MB = 256  # a traced dataset function's arrays at most (see arrays_dataset)
+
+
+def arrays_dataset(x, y, worker_index, num_workers, seed, scale=1.0):
+    """This worker's shard of the arrays (x, y), example by example, in a new order every epoch,
+    integer pixels divided by scale after the shuffle. Traced (ParameterServerStrategy's dataset
+    function), they are a constant of a graph every worker holds (a GraphDef: 2 GB at most)."""
+    size = (x.nbytes + y.nbytes) / 2**20
+    if not tf.executing_eagerly() and size > ARRAYS_IN_A_GRAPH_MB:
+        fail("%.0f MB of training arrays would be a constant of the traced dataset function, on "
+             "every worker (at most %d MB): write them as TFRecord files (python tools/npz_to_tf"
+             "record.py DATA.npz FOLDER) and give --data_path FOLDER"
+             % (size, ARRAYS_IN_A_GRAPH_MB))
+    examples = tf.data.Dataset.from_tensor_slices((x, y)).shard(num_workers, worker_index)
+    examples = examples.shuffle(len(x) // num_workers + 1, seed=seed)  # the shards differ
+    if x.dtype == np.float32:
+        return examples
+    return examples.map(lambda xs, ys: (tf.cast(xs, tf.float32) / scale, ys))
+
+
+def test_batches(data, size=1000):
+    """The test set, size examples a batch, x in float32 scaled as in training: streamed from
+    the TFRecord files (never all in memory), or sliced from the arrays."""
+    if isinstance(data, Records):
+        return iter(tf.data.TFRecordDataset(data.test_files).batch(size).map(parse_records(data)))
+    return ((tf.cast(data.x_test[i:i + size], tf.float32) / getattr(data, "x_scale", 1.0),
+             data.y_test[i:i + size]) for i in range(0, len(data.x_test), size))
+# <<< shared: tf2 data
 
 
 # >>> shared: tf2 run
 class TrainingRun(object):
-    """The run as this task keeps it: checkpoints (the latest in --log_dir restored at the start,
-    one saved with every progress line and at the end), progress lines, and the chief's test
-    metrics, TensorBoard summaries and summary line. train() hands it test_metrics(x, y), a dict
-    of metrics for a batch of test examples (each a mean over the batch), and test_set (the
-    data, or arrays (x, y): test_batches), fed to it in batches; and after_restore(), if
-    given, which runs once this task has restored what its --log_dir holds, before the step it
-    starts from is read."""
+    """The progress lines, and the chief's test metrics (to TensorBoard too, with the loss) and
+    summary line. train() hands it the global step (a variable), test_metrics(x, y) (means over
+    a batch, by name), test_set() (the batches (x, y)) and the mini-batches a step trains."""
 
-    def __init__(self, args, cluster, test_metrics, test_set, checkpoint, is_chief=True,
-                 after_restore=None):
-        self.args, self.cluster, self.is_chief = args, cluster, is_chief
+    def __init__(self, args, cluster, global_step, test_metrics, test_set, is_chief=True,
+                 minibatches_per_step=1):
+        self.cluster, self.global_step, self.is_chief = cluster, global_step, is_chief
         self.test_metrics, self.test_set = test_metrics, test_set
-        self.role = "%s%d" % (args.job_name, args.task_index)
-        # every task restores the latest checkpoint in its --log_dir; only the chief's saves are
-        # kept (with MultiWorkerMirroredStrategy every task must save: the others save to
-        # scratch, and after_restore() then gives every copy the chief's values)
-        self.scratch = None if is_chief else tempfile.mkdtemp(prefix="checkpoint-scratch-")
-        self.manager = tf.train.CheckpointManager(checkpoint, self.scratch or args.log_dir,
-                                                  max_to_keep=3)
-        latest = tf.train.latest_checkpoint(args.log_dir)
-        if latest:
-            checkpoint.restore(latest)
-            print("[%s] resuming from the checkpoint at global step %d"
-                  % (self.role, int(checkpoint.global_step.numpy())), flush=True)
-        if after_restore:
-            after_restore()
-        self.start_step = int(checkpoint.global_step.numpy())
+        self.role, self.per_step = "%s%d" % (args.job_name, args.task_index), minibatches_per_step
         self.writer = tf.summary.create_file_writer(args.log_dir) if is_chief else None
-        self.history = []
-        self.start_clock(self.start_step)  # again when the loop's first step returns
+        self.start_step = int(global_step.numpy())
+        self.start_clock()  # again once the first step has returned: its tracing untimed
         print("[%s] training started: log_dir=%s" % (self.role, args.log_dir), flush=True)
 
-    def start_clock(self, global_step):
-        """The run's clock (its rates, its history's seconds) starts once the first step has
-        returned, in every example: set-up, and the tracing of the step function, untimed. The
-        loop calls it with the global step then."""
-        self.started = self.progress_time = time.time()
-        self.timed_from_step = self.progress_step = global_step
+    def start_clock(self):
+        self.clock = self.last_line = (int(self.global_step.numpy()), time.time())
 
-    def evaluate(self, global_step, loss=None):
-        """The test metrics, each a mean over the test set, 1000 examples at a time; also to
-        TensorBoard, with the loss if given."""
-        totals, examples = {}, 0
-        for x, y in test_batches(self.test_set):
-            for name, value in self.test_metrics(x, y).items():
-                totals[name] = totals.get(name, 0.0) + float(value) * len(x)
-            examples += len(x)
-        metrics = {name: total / examples for name, total in totals.items()}
-        seconds = round(time.time() - self.started, 3)
-        self.history.append([seconds, global_step] + list(metrics.values()))
-        with self.writer.as_default():
-            for name, value in metrics.items():
-                tf.summary.scalar("test_" + name, value, step=global_step)
-            if loss is not None:
-                tf.summary.scalar("loss", loss, step=global_step)
+    def pace(self, since):  # the global step, and the mini-batches a second since (step, time)
+        step = int(self.global_step.numpy())
+        return step, (step - since[0]) * self.per_step / (time.time() - since[1])
+
+    def evaluate(self, step, loss=None):
+        """The test metrics, each a mean over every test example, by name; to TensorBoard."""
+        totals, examples = collections.Counter(), 0
+        for x, y in self.test_set():
+            totals.update({name: float(v) * len(y) for name, v in self.test_metrics(x, y).items()})
+            examples += len(y)
+        metrics = {"test_" + name: total / examples for name, total in totals.items()}
+        with self.writer.as_default(step=step):
+            for tag, v in list(metrics.items()) + ([("loss", loss)] if loss is not None else []):
+                tf.summary.scalar(tag, v)
         return metrics
 
-    def progress(self, loss, global_step):
-        """A progress line, a checkpoint; the chief adds the test metrics and summaries."""
-        rate = (global_step - self.progress_step) / (time.time() - self.progress_time)
-        line = "[%s] global_step=%d loss=%.4f" % (self.role, global_step, loss)
+    def progress(self, loss):  # the global step, the loss, the chief's test metrics, the pace
+        step, rate = self.pace(self.last_line)
+        metrics = self.evaluate(step, loss) if self.is_chief else {}
+        print("[%s] global_step=%d loss=%.4f%s steps_per_sec=%.1f" % (self.role, step, loss,
+              "".join(" %s=%.4f" % metric for metric in metrics.items()), rate), flush=True)
+        self.last_line = (step, time.time())
+
+    def end(self, local_steps, lost_workers=0, **extra):
+        """The chief's summary line; local_steps: each worker's mini-batches (its shard's)."""
         if self.is_chief:
-            for name, value in self.evaluate(global_step, loss).items():
-                line += " test_%s=%.4f" % (name, value)
-        print(line + " steps_per_sec=%.1f" % rate, flush=True)
-        self.manager.save(checkpoint_number=global_step)
-        self.progress_step, self.progress_time = global_step, time.time()
-
-    def end(self, global_step, local_steps, lost_workers=0, minibatches_per_update=1, **extra):
-        """The final checkpoint; the chief evaluates and prints the summary (and its JSON)."""
-        self.manager.save(checkpoint_number=global_step)
-        if not self.is_chief:
-            self.remove_scratch()
-            return 0
-        seconds = time.time() - self.started
-        minibatches = (global_step - self.timed_from_step) * minibatches_per_update
-        summary = dict(example=EXAMPLE)
-        for name, value in self.evaluate(global_step).items():
-            summary["test_" + name] = value
-        summary.update(
-            global_step=global_step, workers=len(self.cluster["worker"]),
-            ps=len(self.cluster.get("ps", [])), lost_workers=lost_workers,
-            local_steps=local_steps, updates=global_step - self.start_step,
-            timed_from_step=self.timed_from_step, timed_seconds=seconds,
-            steps_per_sec=minibatches / seconds,
-            examples_per_sec=minibatches * self.args.batch_size / seconds, **extra)
-        self.writer.close()
-        print_summary(self.role, summary, self.history, self.args.metrics_file)
+            step, rate = self.pace(self.clock)
+            print_summary(self.role, dict(
+                example=EXAMPLE, **self.evaluate(step), global_step=step,
+                workers=len(self.cluster["worker"]), ps=len(self.cluster.get("ps", [])),
+                lost_workers=lost_workers, local_steps=local_steps,
+                updates=step - self.start_step, steps_per_sec=rate, **extra))
+            self.writer.close()
         return 0
-
-    def remove_scratch(self):
-        """A task that is not the chief removes its scratch checkpoints: at the end, and before
-        any os._exit (which skips every clean-up)."""
-        if self.scratch:
-            shutil.rmtree(self.scratch, ignore_errors=True)
 # <<< shared: tf2 run
 
 

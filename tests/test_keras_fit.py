@@ -1,8 +1,9 @@
 """Keras-Fit: a tf_keras model trained by model.fit under ParameterServerStrategy (a coordinator,
 a ps and workers) or MultiWorkerMirroredStrategy; the model saved in Keras' format loads in a
 fresh process; a worker lost mid-fit and a ps lost end as each strategy allows, and a rerun
-resumes from BackupAndRestore's backup. Every run uses the environment a user has (Keras
-loaded: USERS_ENVIRONMENT), since the example needs tf_keras."""
+resumes from BackupAndRestore's backup and trains to exactly --steps, reading its data in an
+order of its own. Every run uses the environment a user has (Keras loaded: USERS_ENVIRONMENT),
+since the example needs tf_keras."""
 import os
 import signal
 import subprocess
@@ -15,6 +16,7 @@ from support.examples import (ACCURACY_BAR, ROOT, USERS_ENVIRONMENT, environment
                               error_lines, example_dir, run_train_noting_tensorflow)
 from support.processes import assert_nothing_left, free_ports
 from support.runs import finish, read_until, start_example, started_pid
+from support.strategies import assert_a_resumed_run_reads_its_data_in_an_order_of_its_own
 
 EXAMPLE = "Keras-Fit"
 MIRRORED = ["--strategy", "multi_worker_mirrored"]
@@ -69,6 +71,9 @@ def test_the_parameter_server_run_saves_a_model_that_loads_in_a_fresh_process_wi
     assert summary["strategy"] == "parameter_server" and summary["ps"] == "1", summary
     assert summary["global_step"] == "2000", summary  # mini-batches: one a step, on a worker
     assert summary["mini_batches"] == "2000", summary  # what the benchmarks count bytes per
+    # local_steps: the mini-batches each worker's shard gave (the coordinator picks the worker)
+    local_steps = [int(s) for s in summary["local_steps"].split(",")]
+    assert len(local_steps) == 2 and sum(local_steps) == 2000 and min(local_steps) > 0, summary
     assert os.path.isfile(os.path.join(run.log_dir, "train", os.listdir(
         os.path.join(run.log_dir, "train"))[0]))  # TensorBoard's callback wrote its curves
     saved = os.path.join(run.log_dir, "model.keras")
@@ -135,11 +140,35 @@ def test_a_worker_killed_mid_fit_and_restarted_gets_a_dataset_again_and_fit_comp
     assert_nothing_left(str(tmp_path))
 
 
+def test_a_run_stopped_at_its_steps_mid_epoch_resumes_and_ends_at_exactly_the_new_steps(tmp_path):
+    """ParameterServerStrategy, an epoch of --backup_every 200 steps: --steps 300 stops fit
+    mid-epoch (BackupAndRestore backs up as that epoch ends, at 300); the same --log_dir with
+    --steps 600 resumes there and trains 300 more, not on to the end of the epoch after the one
+    backed up (500); and once more with --steps 600 it trains nothing."""
+    flags = ["--log_dir", str(tmp_path / "logs"), "--backup_every", "200"]
+    runs = [finish(start_example(EXAMPLE, flags + ["--steps", steps], env=USERS_ENVIRONMENT),
+                   timeout=240) for steps in ("300", "600", "600")]
+    for run in runs:
+        assert run.code == 0, run.output[-3000:]
+    assert [(run.summary()["global_step"], run.summary()["updates"]) for run in runs] == [
+        ("300", "300"), ("600", "300"), ("600", "0")], [run.summary() for run in runs]
+    for run, step in zip(runs[1:], (300, 600)):
+        assert "[chief0] resuming from the backup at global step %d" % step in run.output
+    assert_nothing_left(str(tmp_path))
+
+
+def test_a_resumed_fit_reads_its_shard_in_an_order_of_its_own():
+    # the dataset function mixes in the global step (the optimizer's iterations), restored
+    # before fit makes the datasets
+    assert_a_resumed_run_reads_its_data_in_an_order_of_its_own(EXAMPLE)
+
+
 def test_a_killed_mirrored_worker_stops_the_run_and_a_rerun_resumes_from_the_backup_at_the_step_it_reached(
         tmp_path):
     """MultiWorkerMirroredStrategy: SIGKILL worker 1 after global step 200; worker 0 stops in
     one line. The same command with the same --log_dir then resumes where BackupAndRestore
-    last backed up (every 70 steps here: mid-epoch, an epoch being 100 steps), not from 0."""
+    last backed up (every --backup_every 70 steps here, an epoch's end), not from 0, and trains
+    on to exactly --steps."""
     log_dir = str(tmp_path / "logs")
     flags = MIRRORED + ["--log_dir", log_dir, "--log_every", "100", "--backup_every", "70"]
     proc = start_example(EXAMPLE, flags + ["--steps", "40000"], env=USERS_ENVIRONMENT)
@@ -159,7 +188,6 @@ def test_a_killed_mirrored_worker_stops_the_run_and_a_rerun_resumes_from_the_bac
     assert sorted(resumed) == ["worker0", "worker1"], again.output[-3000:]
     step = resumed["worker0"]
     assert resumed["worker1"] == step and step >= 140 and step % 70 == 0, resumed
-    assert step % 100 != 0, "not mid-epoch: %d" % step
     summary = again.summary()  # on to --steps 1400: 700 steps of two mini-batches
     assert summary["global_step"] == "700" and int(summary["updates"]) == 700 - step, summary
     assert_nothing_left(str(tmp_path))

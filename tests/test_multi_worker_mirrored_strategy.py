@@ -1,5 +1,6 @@
 """MultiWorkerMirroredStrategy: every worker a full copy, gradients summed by all-reduce; copies
-stay identical; a lost worker stops the others in one line, and a rerun resumes."""
+stay identical; a lost worker stops the others in one line, and a rerun resumes, reading its data
+in an order of its own; a worker whose peers never come ends in one line."""
 import glob
 import http.server
 import json
@@ -15,11 +16,12 @@ import numpy as np
 import pytest
 
 from support.examples import (environment_without_tf_config, error_lines, example_dir,
-                              load_train_module, run_train_noting_tensorflow)
+                              load_train_module, run_train, run_train_noting_tensorflow)
 from support.in_process import flags
 from support.processes import assert_nothing_left, free_ports
 from support.runs import finish, read_until, start_example, started_pid, summary_of
-from support.strategies import assert_one_sgd_step_of, one_strategy_step
+from support.strategies import (assert_a_resumed_run_reads_its_data_in_an_order_of_its_own,
+                                assert_one_sgd_step_of, one_strategy_step)
 
 EXAMPLE = "MultiWorkerMirroredStrategy"
 
@@ -58,6 +60,23 @@ def test_every_pack_size_applies_the_same_mean_gradient_and_reports_the_mean_los
     for key in steps["0"][0]:
         np.testing.assert_allclose(steps["0"][0][key], steps["1"][0][key], rtol=1e-5, atol=1e-7,
                                    err_msg=key)
+
+
+def test_a_resumed_run_reads_its_shard_in_an_order_of_its_own():
+    assert_a_resumed_run_reads_its_data_in_an_order_of_its_own(EXAMPLE)
+
+
+def test_a_worker_whose_chief_never_comes_ends_in_one_line_that_names_it():
+    # the strategy's own start waits for every worker without a bound, and ignores SIGTERM
+    missing, mine = free_ports(2)
+    started = time.time()
+    code, _, stderr = run_train(EXAMPLE, ["--job_name", "worker", "--task_index", "1",
+                                          "--worker_hosts", "localhost:%d,localhost:%d" % (
+                                              missing, mine), "--connect_timeout", "3"],
+                                timeout=120)
+    assert code == 2 and time.time() - started < 100, stderr
+    assert error_lines(stderr) == ["error: worker 1: the chief (worker 0) at localhost:%d did not "
+                                   "come up within 3 s" % missing], stderr
 
 
 def test_the_workers_train_in_lockstep_and_hold_identical_parameters(default_runs):

@@ -12,7 +12,8 @@ from support.examples import ROOT, error_lines, load_train_module, run_train
 from support.namespaces import missing_for_namespaces
 from support.processes import assert_nothing_left, free_ports
 from support.runs import finish, start_example
-from support.strategies import one_strategy_step
+from support.strategies import (assert_a_resumed_run_reads_its_data_in_an_order_of_its_own,
+                                one_strategy_step)
 
 EXAMPLE = "Sparse-Embeddings"
 
@@ -263,6 +264,10 @@ def test_tensorflow_2_a_step_changes_only_the_rows_looked_up_in_both_slices():
         moved = step["after_" + name] != step["before_" + name]
         changed = np.nonzero(moved.reshape(rows, -1).any(axis=1))[0]
         assert set(changed.tolist()) == touched, name
+
+
+def test_tensorflow_2_a_resumed_run_reads_the_pairs_in_an_order_of_its_own():
+    assert_a_resumed_run_reads_its_data_in_an_order_of_its_own("Sparse-Embeddings-TF2")
 
 
 @pytest.mark.rule

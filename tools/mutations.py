@@ -57,6 +57,14 @@ RESTARTED_CLIENT = node(ONE_CLIENT, "test_a_restarted_client_finds_its_workers_s
 MWMS_SIGTERM = node("tests/test_multi_worker_mirrored_strategy.py", "test_a_sigterm_saves_a_"
                     "checkpoint_at_one_step_on_every_worker_and_the_rerun_resumes_there[worker1]")
 
+PSS_TESTS = "tests/test_parameter_server_strategy.py"
+MWMS_TESTS = "tests/test_multi_worker_mirrored_strategy.py"
+KERAS_TESTS = "tests/test_keras_fit.py"
+KERAS_RESUMED = node(KERAS_TESTS, "test_a_run_stopped_at_its_steps_mid_epoch_resumes_and_ends_at_"
+                     "exactly_the_new_steps")
+# the shuffle seed of ParameterServerStrategy's (and Sparse-Embeddings-TF2's) dataset function
+TF2_SEED = "        seed = (args.seed * 1000 + tf.cast(worker, tf.int64)) * 1000003"
+
 DATA_FILES = "tests/test_data_files.py"
 OWN_MODEL = "tests/test_own_data_and_model.py"
 CONVERT = "tools/npz_to_tfrecord.py"
@@ -86,9 +94,9 @@ MUTATIONS = [
              "if False:", TRACED_ARRAYS, None),
     Mutation("ParameterServerStrategy's traced dataset function: pixels a constant in float32",
              "ParameterServerStrategy/train.py",
-             "examples = tf.data.Dataset.from_tensor_slices((pixels, y))",
-             "examples = tf.data.Dataset.from_tensor_slices((np.asarray(x), y))", TRACED_ARRAYS,
-             None),
+             "examples = tf.data.Dataset.from_tensor_slices((x, y))",
+             "examples = tf.data.Dataset.from_tensor_slices((x.astype(np.float32) / scale, y))",
+             TRACED_ARRAYS, None),
     Mutation("npz_to_tfrecord: a folder with an older set's shards written into",
              CONVERT, "    if older:  # the reader", "    if False:  # the reader",
              node(DATA_FILES, "test_the_converter_refuses_a_folder_that_holds_a_data_set_already_"
@@ -348,10 +356,70 @@ MUTATIONS = [
              "tests/test_downpour.py", RULE),
     Mutation("ParameterServerStrategy: every worker reads the first shard",
              "ParameterServerStrategy/train.py",
-             "return training_dataset(data, args.batch_size, worker, workers, args.seed)",
-             "return training_dataset(data, args.batch_size, 0, workers, args.seed)",
-             node("tests/test_parameter_server_strategy.py",
-                  "test_each_worker_reads_its_own_shard_and_no_example_is_read_by_both"), None),
+             "return training_dataset(data, args.batch_size, worker, workers, seed)",
+             "return training_dataset(data, args.batch_size, 0, workers, seed)",
+             node(PSS_TESTS, "test_each_worker_reads_its_own_shard_and_no_example_is_read_by_both"),
+             None),
+    Mutation("ParameterServerStrategy: a step moves up the gradient",
+             "ParameterServerStrategy/train.py",
+             "v.assign_sub(args.learning_rate * strategy.reduce(",
+             "v.assign_add(args.learning_rate * strategy.reduce(", PSS_TESTS, RULE),
+    Mutation("ParameterServerStrategy: a resumed run, or a restarted worker, replays its shard",
+             "ParameterServerStrategy/train.py", TF2_SEED + " + global_step\n", TF2_SEED + "\n",
+             node(PSS_TESTS, "test_a_resumed_run_or_a_restarted_worker_reads_its_shard_in_an_order_"
+                  "of_its_own"), None),
+    Mutation("ParameterServerStrategy: a coordinator waits without bound for a cluster to start",
+             "ParameterServerStrategy/train.py", "    with bounded_start(args, cluster):",
+             "    with contextlib.nullcontext():",
+             node(PSS_TESTS, "test_a_coordinator_whose_cluster_never_starts_names_the_silent_tasks_"
+                  "in_one_line"), None),
+    Mutation("ParameterServerStrategy: a server takes an unanswered coordinator for gone at once",
+             "ParameterServerStrategy/train.py",
+             "        except OSError:  # no answer within the second, or no route for now\n"
+             "            pass\n",
+             "        except OSError:  # no answer within the second, or no route for now\n"
+             "            break\n",
+             node(PSS_TESTS, "test_a_server_takes_a_refused_coordinator_for_gone_at_once_and_an_"
+                  "unanswered_one_later"), None),
+    Mutation("ParameterServerStrategy: a port in use ends in a cause, not in what to do",
+             "ParameterServerStrategy/train.py",
+             'if "Could not start gRPC server" in e.message:', "if False:",
+             node(PSS_TESTS, "test_a_port_already_in_use_is_one_line"), None),
+    Mutation("ParameterServerStrategy: no loss in TensorBoard",
+             "ParameterServerStrategy/train.py", '+ ([("loss", loss)] if loss is not None else [])',
+             "+ []", node(PSS_TESTS, "test_the_coordinator_schedules_every_step_on_one_of_the_two_"
+                          "workers"), None),
+    Mutation("Sparse-Embeddings-TF2: a resumed run replays the pairs in the first run's order",
+             "Sparse-Embeddings-TF2/train.py", TF2_SEED + " + global_step\n", TF2_SEED + "\n",
+             node("tests/test_sparse_embeddings.py", "test_tensorflow_2_a_resumed_run_reads_the_"
+                  "pairs_in_an_order_of_its_own"), None),
+    Mutation("MultiWorkerMirroredStrategy: a resumed run replays its shard",
+             "MultiWorkerMirroredStrategy/train.py", " * 1000003 + int(global_step.numpy())",
+             " * 1000003", node(MWMS_TESTS, "test_a_resumed_run_reads_its_shard_in_an_order_of_its_"
+                                "own"), None),
+    Mutation("MultiWorkerMirroredStrategy: a worker waits without bound for a chief never started",
+             "MultiWorkerMirroredStrategy/train.py",
+             "    if args.task_index and not wait_for(", "    if False and not wait_for(",
+             node(MWMS_TESTS, "test_a_worker_whose_chief_never_comes_ends_in_one_line_that_names_"
+                  "it"), None),
+    Mutation("Keras-Fit: a resumed fit replays its shard", "Keras-Fit/train.py",
+             " * 1000003 + model.optimizer.iterations", " * 1000003",
+             node(KERAS_TESTS, "test_a_resumed_fit_reads_its_shard_in_an_order_of_its_own"), None),
+    Mutation("Keras-Fit: a rerun resumes at the epoch after the one backed up",
+             "Keras-Fit/train.py",
+             '            self._training_state._ckpt_saved_epoch.assign(-1)  # "none backed up yet"',
+             "            pass", KERAS_RESUMED, None),
+    Mutation("Keras-Fit: the steps to --steps counted from 0, not from the global step restored",
+             "Keras-Fit/train.py",
+             "            self.reached = run.start_step  # the steps scheduled:",
+             "            self.reached = 0  # the steps scheduled:", KERAS_RESUMED, None),
+    Mutation("Keras-Fit: the backup restored only in fit (after the datasets are made)",
+             "Keras-Fit/train.py", "    restore_the_backup(args, backup, fit.model)\n", "",
+             KERAS_RESUMED, None),
+    Mutation("Keras-Fit: no mini-batches counted by worker (ParameterServerStrategy)",
+             "Keras-Fit/train.py", "    model.train_step = counted\n", "",
+             node(KERAS_TESTS, "test_the_parameter_server_run_saves_a_model_that_loads_in_a_fresh_"
+                  "process_with_its_accuracy"), None),
     Mutation("ADAG: pushes the sum of the changes, not the mean", "ADAG/train.py",
              "(local_params[n] - pulled_params[n]) / args.window for n in start]",
              "(local_params[n] - pulled_params[n]) for n in start]", "tests/test_adag.py",
@@ -410,7 +478,7 @@ MUTATIONS = [
     Mutation("MultiWorkerMirroredStrategy: the SIGTERM handler counts on from the chief's count",
              "MultiWorkerMirroredStrategy/train.py",
              "mirrored.strategy.cluster_resolver, count_from_zero,",
-             "mirrored.strategy.cluster_resolver, run.manager,", MWMS_SIGTERM, None),
+             "mirrored.strategy.cluster_resolver, checkpoints,", MWMS_SIGTERM, None),
     Mutation("MultiWorkerMirroredStrategy: on Google Cloud the handler watches no SIGTERM",
              "MultiWorkerMirroredStrategy/train.py", "    with google_cloud_unseen():\n",
              "    with contextlib.nullcontext():\n", MWMS_SIGTERM, None),
@@ -422,8 +490,8 @@ MUTATIONS = [
                   "google_cloud_by_its_platform_check_not_by_the_environment"), None),
     Mutation("MultiWorkerMirroredStrategy: a preempted worker leaves its scratch checkpoints",
              "MultiWorkerMirroredStrategy/train.py",
-             "        run.remove_scratch()\n        sys.stdout.flush()\n",
-             "        sys.stdout.flush()\n", MWMS_SIGTERM, None),
+             "        if scratch:\n            shutil.rmtree(scratch, ignore_errors=True)\n"
+             "        sys.stdout.flush()\n", "        sys.stdout.flush()\n", MWMS_SIGTERM, None),
     Mutation("MultiWorkerMirroredStrategy: run.sh takes exit 42 for a failure",
              "MultiWorkerMirroredStrategy/run.sh", "((codes[i] && codes[i] != 42)) || continue",
              "((codes[i])) || continue", MWMS_SIGTERM, None),

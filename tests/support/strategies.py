@@ -7,20 +7,22 @@ import tempfile
 
 import numpy as np
 
-from support.examples import ROOT, environment_without_tf_config, load_train_module
-from support.processes import assert_nothing_left
+from support.examples import (ROOT, USERS_ENVIRONMENT, environment_without_tf_config,
+                              load_train_module)
+from support.processes import assert_nothing_left, free_ports
 
 
-def one_strategy_step(example, *argv, processes=1, timeout=180):
+def one_strategy_step(example, *argv, processes=1, timeout=180, env=None):
     """Run support/strategy_step.py for a TensorFlow 2 example (in processes processes, task k
-    getting k as its argument after argv) and return what it wrote: the dataset, the parameters
-    before and after one update."""
+    getting k as its argument after argv; env: variables to set for them) and return what it
+    wrote: the dataset, the parameters before and after one update."""
     out = tempfile.mkdtemp(prefix="strategy_step_")
     # as a module of the support package, from tests/, so that it loads train.py as the tests do
     command = [sys.executable, "-m", "support.strategy_step", example]
     runs = [subprocess.Popen(command + [os.path.join(out, "%d.npz" % k)]
                              + ([str(k)] if processes > 1 else []) + list(argv),
-                             cwd=os.path.join(ROOT, "tests"), env=environment_without_tf_config(),
+                             cwd=os.path.join(ROOT, "tests"),
+                             env=environment_without_tf_config(env),
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             for k in range(processes)]
     try:
@@ -50,3 +52,15 @@ def assert_one_sgd_step_of(step, example, learning_rate):
         np.testing.assert_allclose(step["after_" + n], step["before_" + n]
                                    - learning_rate * gradients[n], rtol=1e-4, atol=1e-6,
                                    err_msg=n)
+
+
+def assert_a_resumed_run_reads_its_data_in_an_order_of_its_own(example):
+    """A run's first mini-batch (on worker 0) is the same when it starts at global step 0 twice,
+    and another when it starts at step 300, as a run resumed there does: the order of the data
+    mixes in the step it starts from (strategy_step.py's first-batches)."""
+    env = USERS_ENVIRONMENT if example == "Keras-Fit" else None  # tf_keras, as users have it
+    (read,) = one_strategy_step("first-batches:" + example, ",".join(map(str, free_ports(3))),
+                                env=env)
+    first, again, resumed = read["batches"]
+    np.testing.assert_array_equal(first, again)  # the seed and the step decide the order
+    assert not np.array_equal(first, resumed), "a resumed run replays the first run's order"
