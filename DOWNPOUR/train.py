@@ -16,7 +16,6 @@ et al., "Adaptive Subgradient Methods for Online Learning and Stochastic Optimiz
 import argparse
 import collections
 import contextlib
-import glob
 import json
 import math
 import os

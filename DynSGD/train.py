@@ -35,7 +35,6 @@ References
 import argparse
 import collections
 import contextlib
-import glob
 import json
 import math
 import os

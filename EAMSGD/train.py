@@ -44,7 +44,6 @@ References
 import argparse
 import collections
 import contextlib
-import glob
 import json
 import math
 import os

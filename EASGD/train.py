@@ -23,7 +23,6 @@ import argparse
 import atexit
 import collections
 import contextlib
-import glob
 import json
 import math
 import os

@@ -41,7 +41,6 @@ Reference
 import argparse
 import collections
 import contextlib
-import glob
 import json
 import os
 import socket

@@ -31,7 +31,6 @@ References
 import argparse
 import collections
 import contextlib
-import glob
 import json
 import os
 import socket

@@ -35,7 +35,6 @@ References
 import argparse
 import collections
 import contextlib
-import glob
 import json
 import math
 import os
@@ -453,22 +452,28 @@ def read_npz(path):
 
 
 # >>> shared: records
-Records = collections.namedtuple("Records", "train_files test_files shape dtype x_scale "
-                                 "num_classes")
+class Records(collections.namedtuple("Records", "train_files test_files shape dtype x_scale "
+                                           "num_classes")):
+    """--data_path's TFRecord files (read_records), and their test set as it streams."""
+
+    def test_batches(self, size):
+        return tf.data.TFRecordDataset(self.test_files).batch(size).map(parse_records(self))
 
 
 def read_records(folder):
     """--data_path's folder as tools/npz_to_tfrecord.py writes it: train-*.tfrecord and
     test-*.tfrecord (tf.train.Examples of x, the array's bytes, and y) and meta.json."""
-    train, test = (sorted(glob.glob(os.path.join(folder, part + "-*.tfrecord")))
-                   for part in ("train", "test"))
     try:
+        names = sorted(os.listdir(folder))
+        train_files, test_files = ([os.path.join(folder, name) for name in names if name.startswith(
+            part + "-") and name.endswith(".tfrecord")] for part in ("train", "test"))
+        if not train_files or not test_files:
+            raise ValueError("no %s-*.tfrecord files" % ("test" if train_files else "train"))
         with open(os.path.join(folder, "meta.json")) as f:
             meta = json.load(f)
-        assert train and test, "no %s files" % ("train-*.tfrecord" if test else "test-*.tfrecord")
-        return Records(train, test, tuple(meta["x_shape"]), np.dtype(meta["x_dtype"]),
+        return Records(train_files, test_files, tuple(meta["x_shape"]), np.dtype(meta["x_dtype"]),
                        float(meta["x_scale"]), meta["num_classes"])
-    except (OSError, ValueError, KeyError, TypeError, AssertionError) as e:
+    except (OSError, ValueError, KeyError, TypeError) as e:
         fail("%s is no folder of TFRecord files (%s): write one with python "
              "tools/npz_to_tfrecord.py DATA.npz FOLDER" % (folder, e))
 
@@ -481,6 +486,9 @@ def records_dataset(data, batch_size, worker_index, num_workers, seed):
         fail("%d training file(s) for %d workers: each worker reads files of its own; write at "
              "least %d (npz_to_tfrecord.py --shards)" % (len(data.train_files), num_workers,
                                                          num_workers))
+    if isinstance(worker_index, int):  # (a tensor under ParameterServerStrategy)
+        print("[worker%d] reading training files: %s" % (worker_index, ",".join(os.path.basename(
+            f) for f in data.train_files[worker_index::num_workers])), flush=True)
     files = tf.data.Dataset.from_tensor_slices(data.train_files).shard(num_workers, worker_index)
     records = files.shuffle(len(data.train_files), seed=seed).interleave(
         tf.data.TFRecordDataset, cycle_length=4, num_parallel_calls=tf.data.AUTOTUNE)

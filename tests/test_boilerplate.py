@@ -26,9 +26,11 @@ NEEDED_BLOCKS = {
     "ParameterServerStrategy": {"flags", "tasks", "summary"},
     "In-Graph-Replication": {"flags", "tasks", "summary"},
 }
-# An appendix (the banner to the end) is paid in every copy: what it may hold at most, in lines
-APPENDIX_BUDGET = 400
-ALLOWED_IMPORTS = {"argparse", "atexit", "collections", "contextlib", "glob", "json", "math", "os",
+# An appendix (the banner to the end) is paid in every copy: what it may hold at most, in lines,
+# by family (what each holds: ../shared/reference/lean-and-slurm.md; the ps session alone is ~270)
+APPENDIX_BUDGET = {"Non-Distributed-Setup": 270, "Distributed-Setup": 630,
+                   "ParameterServerStrategy": 420, "In-Graph-Replication": 420}
+ALLOWED_IMPORTS = {"argparse", "atexit", "collections", "contextlib", "json", "math", "os",
                    "shutil", "signal", "socket", "sys", "tempfile", "threading", "time",
                    "numpy", "tensorflow", "sklearn", "tf_keras"}  # tf_keras: a Keras model's copy
 BANNER = "# Plumbing shared by every example (what a job needs besides its algorithm)"
@@ -125,7 +127,7 @@ def test_every_appendix_keeps_within_its_budget():
     # a line of the shared plumbing is read, tested and fixed in every copy; the stories have
     # no budget (STYLE.md, "Plain over short")
     sizes = {example: len(appendix(example).splitlines()) for example in EXAMPLES}
-    assert {e: n for e, n in sizes.items() if n > APPENDIX_BUDGET} == {}
+    assert {e: n for e, n in sizes.items() if n > APPENDIX_BUDGET[family(e)]} == {}
 
 
 def test_the_shared_blocks_are_the_same_text_in_every_train_py():
