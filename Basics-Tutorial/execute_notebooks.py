@@ -36,6 +36,7 @@ SINGLE_NOTEBOOKS = [
     "6-Starting-a-Run.ipynb",
     "7-Synchronous-SGD.ipynb",
     "8-Devices-and-In-Graph-Replication.ipynb",
+    "9-TensorFlow-2-Strategies.ipynb",
 ]
 MULTIPLE_WORKERS = [
     "5-Multiple-Workers/PS-Task.ipynb",

@@ -21,15 +21,16 @@ def free_port():
 
 
 def start_server(cluster, job, index, advice="run the notebook again from the top to pick "
-                                             "new free ports"):
+                                             "new free ports", config=None):
     """This task's server, once its port is known to be free (as the examples check it):
-    a taken port would otherwise fail with a bare "Could not start gRPC server"."""
+    a taken port would otherwise fail with a bare "Could not start gRPC server". config: the
+    server's ConfigProto, if not TensorFlow's default."""
     host, port = cluster.task_address(job, index).rsplit(":", 1)
     with socket.socket() as s:
         if s.connect_ex((host, int(port))) == 0:  # someone answers: the port is taken
             raise OSError("port %s is already in use: by an earlier run? %s" % (port, advice))
     # tf.distribute.Server and tf.compat.v1.train.Server are one class under two names
-    return tf.distribute.Server(cluster, job_name=job, task_index=index)
+    return tf.distribute.Server(cluster, job_name=job, task_index=index, config=config)
 
 
 def worker_session(server, worker_index, graph=None, operation_timeout_s=None):

@@ -34,6 +34,7 @@ SINGLE_NOTEBOOKS = [
     "6-Starting-a-Run.ipynb",
     "7-Synchronous-SGD.ipynb",
     "8-Devices-and-In-Graph-Replication.ipynb",
+    "9-TensorFlow-2-Strategies.ipynb",
 ]
 MULTIPLE_WORKERS_DIR = "5-Multiple-Workers/"
 SHARED_SETUP = "tutorial_cluster.py"  # the helpers the notebooks import, beside them
@@ -58,11 +59,15 @@ PROVEN_BY_OUTPUT = {
     ],
     "2-Parameter-Server.ipynb": [
         r"bytes per ps task: \[38420, 38420\]",  # fixed_size_partitioner balances the ps tasks
-        r"SaveV2 ran on /job:worker/task:0",  # a Saver made outside the setter saves on the chief
+        r"Saver\(\): +SaveV2 ran on /job:worker/task:0\n",  # made outside the setter: on the chief
+        # a sharded Saver (MonitoredTrainingSession's own) saves each ps's variables on that ps
+        r"Saver\(sharded=True\): SaveV2 ran on /job:ps/task:0, /job:ps/task:1\n",
     ],
     "3-Asynchronous-Updates.ipynb": [
         # two reads at one step, two applies: the second update is one step stale
         r"global step +\d+: worker 1's update, read at step (\d+): staleness 0\n"
+        # the race: worker 0's gradient lands on parameters that moved since its read
+        r"the parameters worker 0 read have moved by up to (?!0\.000)\d\.\d{3} on the ps since\n"
         r"global step +\d+: worker 0's update, read at step \1: staleness 1",
         r"updates per worker: \[40, 40\] ; global step now: 82",  # every update counted once
         r"after two read-modify-writes of \+ 1: counter = 1: one update lost",
@@ -78,6 +83,8 @@ PROVEN_BY_OUTPUT = {
     ],
     "6-Starting-a-Run.ipynb": [
         r"chief: trained to global step 20",  # MonitoredTrainingSession with StopAtStepHook
+        # given no saver, MonitoredTrainingSession's Scaffold makes a sharded one: the ps saves
+        r"its saver: sharded=True, SaveV2 on /job:ps/task:0\n",
         r"worker 1: trained to global step 40",
         # TensorFlow's chief restores its checkpoint over a ps that kept the live model
         r"the restarted chief \(MonitoredTrainingSession\): global step on the ps 40, "
@@ -103,10 +110,26 @@ PROVEN_BY_OUTPUT = {
         r"released the workers: +global_step=11  accumulators=\[1, 1\]  token_queue=2",
         r"the chief's queue runner has ended: True",
     ],
+    "9-TensorFlow-2-Strategies.ipynb": [
+        # ParameterServerStrategy: the variables on the ps, steps run by whichever worker is free
+        r"weights:0 +on /job:ps/replica:0/task:0",
+        r"schedule\(\) returned at once; a RemoteValue: True",
+        r"300 more steps; steps by worker: \[[1-9]\d*, [1-9]\d*, [1-9]\d*\]",
+        r"the global step on the ps grew by 310\n",
+        # a worker killed mid-run: the others take its steps; back at its address, it rejoins
+        r"while worker 2 is down: +steps by worker \[\d+, \d+, 0\]",
+        r"worker 2 restarted: +steps by worker \[\d+, \d+, [1-9]\d*\]",
+        # MultiWorkerMirroredStrategy: every worker gets the sum, and the same weights
+        r"worker 0: its value 1, all-reduced: 3\n",
+        r"worker 1: its value 2, all-reduced: 3\n",
+        r"the same weights on both workers: True",
+    ],
 }
-# one process runs them all (pytest-xdist): the cluster's notebooks share a module-scoped run,
-# and the last test checks that no kernel this process started is left
-pytestmark = pytest.mark.xdist_group("notebooks")
+# The tests of the 5-Multiple-Workers run share its module-scoped fixture, so one process runs
+# them all (pytest-xdist); each other test starts its own kernels and may run in either process,
+# beside the other's (every test checks that its kernels have gone, and the last one that no
+# kernel its process started is left).
+with_the_cluster_run = pytest.mark.xdist_group("multiple-workers")
 
 
 # --- Helpers ---
@@ -228,6 +251,23 @@ async def execute_together(paths, env=None, times=1):
     return runs
 
 
+async def run_all_twice_until_a_cell_fails(path, env, between):
+    """Run All in one kernel until a cell fails, then between(), then Run All again: the error
+    each run ended with (None for a run without one)."""
+    client = client_for(path)
+    errors = []
+    async with client.async_setup_kernel(env=dict(os.environ, **env)):
+        for run in range(2):
+            if run:
+                between()
+            try:
+                await run_all(client, path)
+                errors.append(None)
+            except CellExecutionError as error:
+                errors.append(error)
+    return errors
+
+
 def ports_named_in(text):
     return sorted({int(port) for port in re.findall(r"localhost:(\d+)", text)})
 
@@ -295,26 +335,40 @@ def pushes(multiple_workers, worker, algorithm):
         % (worker, algorithm), multiple_workers["worker %d" % worker])]
 
 
+@with_the_cluster_run
 @pytest.mark.parametrize("algorithm", ["ADAG", "DOWNPOUR"])
 def test_both_workers_push_and_the_ps_counts_every_push_once(multiple_workers, algorithm):
     steps = [step for worker in (0, 1) for step, _, _ in pushes(multiple_workers, worker, algorithm)]
     assert sorted(steps) == list(range(1, 2 * PUSHES + 1))
 
 
-def test_the_workers_push_at_the_same_time_without_waiting_for_each_other(multiple_workers):
-    # their pushes interleave: each worker pushed before the other's last push
-    interleaved = []
-    for algorithm in ("ADAG", "DOWNPOUR"):
-        steps = [[step for step, _, _ in pushes(multiple_workers, w, algorithm)] for w in (0, 1)]
-        interleaved.append(min(steps[0]) < max(steps[1]) and min(steps[1]) < max(steps[0]))
-    assert any(interleaved)
-    # a push's staleness counts the other worker's pushes since the pull: never more than those
+def assert_the_workers_pushed_at_the_same_time(multiple_workers):
+    """Each worker's pushes, of either algorithm, interleave with the other's: some of each
+    worker's pushes are stale, computed on a pull that the other worker's push overtook."""
     for algorithm in ("ADAG", "DOWNPOUR"):
         for worker in (0, 1):
-            for step, staleness, _ in pushes(multiple_workers, worker, algorithm):
+            made = pushes(multiple_workers, worker, algorithm)
+            stale = [step for step, staleness, _ in made if staleness > 0]
+            assert stale, "worker %d's %s pushes all had staleness 0: %s" % (
+                worker, algorithm, made)
+            # a push's staleness counts the other worker's pushes since the pull: never more
+            for step, staleness, _ in made:
                 assert 0 <= staleness < step
 
 
+@with_the_cluster_run
+def test_the_workers_push_at_the_same_time_without_waiting_for_each_other(multiple_workers):
+    assert_the_workers_pushed_at_the_same_time(multiple_workers)
+
+
+def test_the_saved_outputs_show_both_workers_pushing_at_the_same_time():
+    saved = {"worker %d" % worker: printed(nbformat.read(
+        TUTORIAL / MULTIPLE_WORKERS_DIR / ("Worker-%d.ipynb" % worker), as_version=4))
+        for worker in (0, 1)}
+    assert_the_workers_pushed_at_the_same_time(saved)
+
+
+@with_the_cluster_run
 @pytest.mark.parametrize("algorithm", ["ADAG", "DOWNPOUR"])
 def test_the_global_test_accuracy_rises_as_both_workers_push(multiple_workers, algorithm):
     chief = multiple_workers["worker 0"]
@@ -329,6 +383,7 @@ def test_the_global_test_accuracy_rises_as_both_workers_push(multiple_workers, a
         assert len(pushes(multiple_workers, worker, algorithm)) == PUSHES
 
 
+@with_the_cluster_run
 def test_local_copies_are_made_on_the_worker_and_the_global_copy_on_the_ps(multiple_workers):
     for worker in (0, 1):
         printed_by = multiple_workers["worker %d" % worker]
@@ -337,6 +392,7 @@ def test_local_copies_are_made_on_the_worker_and_the_global_copy_on_the_ps(multi
         assert "the Adagrad slots on ['/job:ps/task:0']" in printed_by
 
 
+@with_the_cluster_run
 def test_the_chief_ends_the_run_only_after_every_worker_has_finished(multiple_workers):
     chief = multiple_workers["worker 0"]
     assert "worker 1 finished: its entry of finished = %d" % (2 * PUSHES) in multiple_workers["worker 1"]
@@ -347,6 +403,7 @@ def test_the_chief_ends_the_run_only_after_every_worker_has_finished(multiple_wo
     ]
 
 
+@with_the_cluster_run
 def test_ps_ends_on_the_chiefs_flag_after_both_workers_finished(multiple_workers):
     ps = multiple_workers["ps"].rstrip().splitlines()
     # The ps waits for the chief's set-up, then for the flag; when it sees the flag, every
@@ -360,36 +417,39 @@ def test_ps_ends_on_the_chiefs_flag_after_both_workers_finished(multiple_workers
     ]
 
 
-@pytest.mark.parametrize(
-    "name, error, advice",
-    [
-        ("Worker-1.ipynb", "TimeoutError", "start the ps notebook"),  # no ps to connect to
-        ("PS-Task.ipynb", "TimeoutError", "start Worker-0.ipynb"),  # no chief sets up the run
-    ],
-)
-def test_a_notebook_whose_peers_never_start_fails_instead_of_hanging(name, error, advice, tmp_path):
+def test_a_worker_notebook_whose_ps_never_starts_fails_instead_of_hanging(tmp_path):
     ports, env = cluster_on_free_ports(wait_seconds=3)
 
     started = time.monotonic()
-    with pytest.raises(CellExecutionError, match=error) as failure:
-        asyncio.run(execute(copy_to(tmp_path, MULTIPLE_WORKERS_DIR + name), env))
-    assert failure.value.ename == error
-    assert advice in failure.value.evalue  # the error says which notebook to start
+    with pytest.raises(CellExecutionError, match="TimeoutError") as failure:
+        asyncio.run(execute(copy_to(tmp_path, MULTIPLE_WORKERS_DIR + "Worker-1.ipynb"), env))
+    assert failure.value.ename == "TimeoutError"
+    assert "start the ps notebook" in failure.value.evalue  # the error says what to start
     assert time.monotonic() - started < CELL_TIMEOUT
     assert_nothing_left_running(ports)
 
 
-def test_a_notebook_whose_port_is_taken_says_so_in_one_line(tmp_path):
+def test_the_ps_notebook_says_its_port_is_taken_then_that_no_chief_came_instead_of_hanging(
+        tmp_path):
+    # a learner's path: the port is taken (by an earlier run, as far as the ps can tell); they
+    # free it and Run All again in the same kernel, but start no chief
     ports, env = cluster_on_free_ports(wait_seconds=3)
-    with socket.socket() as squatter:  # an earlier run's server, as far as the ps can tell
-        squatter.bind(("localhost", ports[0]))
-        squatter.listen()
-        with pytest.raises(CellExecutionError) as failure:
-            asyncio.run(execute(copy_to(tmp_path, MULTIPLE_WORKERS_DIR + "PS-Task.ipynb"), env))
-    assert failure.value.ename == "OSError"
-    assert "port %d is already in use: by an earlier run?" % ports[0] in failure.value.evalue
-    assert "Kernel > Shut Down" in failure.value.evalue  # and what to do about it
-    assert_nothing_left_running(ports[1:])
+    squatter = socket.socket()
+    squatter.bind(("localhost", ports[0]))
+    squatter.listen()
+    started = time.monotonic()
+    try:
+        taken, no_chief = asyncio.run(run_all_twice_until_a_cell_fails(
+            copy_to(tmp_path, MULTIPLE_WORKERS_DIR + "PS-Task.ipynb"), env, squatter.close))
+    finally:
+        squatter.close()
+    assert taken.ename == "OSError"
+    assert "port %d is already in use: by an earlier run?" % ports[0] in taken.evalue
+    assert "Kernel > Shut Down" in taken.evalue  # and what to do about it
+    assert no_chief.ename == "TimeoutError"
+    assert "start Worker-0.ipynb" in no_chief.evalue  # the error says which notebook to start
+    assert time.monotonic() - started < CELL_TIMEOUT
+    assert_nothing_left_running(ports)
 
 
 # --- The committed notebooks ---
@@ -435,6 +495,13 @@ def test_every_notebook_of_the_tutorial_is_tested_and_listed_in_its_readme():
         assert name in readme
 
 
+@pytest.mark.parametrize("name", SINGLE_NOTEBOOKS)
+def test_committed_notebook_shows_what_its_text_teaches(name):
+    saved = printed(nbformat.read(TUTORIAL / name, as_version=4))
+    for line in PROVEN_BY_OUTPUT.get(name, []):
+        assert re.search(line, saved), "not in the saved outputs: " + line
+
+
 @pytest.mark.parametrize("name", ALL_NOTEBOOKS)
 def test_committed_notebook_keeps_the_outputs_of_one_top_to_bottom_run(name):
     nb = nbformat.read(TUTORIAL / name, as_version=4)
@@ -446,7 +513,7 @@ def test_committed_notebook_keeps_the_outputs_of_one_top_to_bottom_run(name):
     text = nbformat.writes(nb)
     for machine_specific in ("/root/", "/home/", "/tmp/"):
         assert machine_specific not in text
-    # TensorFlow's start-up lines, which cell 2 names, are left out of what the cells printed
+    # TensorFlow's start-up lines, which the first code cell names, are left out of the outputs
     printed_anywhere = json.dumps([output for output in outputs])
     for startup_line in ("oneDNN", "cuInit", "Could not find cuda drivers"):
         assert startup_line not in printed_anywhere
