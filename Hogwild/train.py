@@ -1,4 +1,4 @@
-"""Hogwild: asynchronous SGD, every worker writing to the shared parameters without a lock.
+"""Hogwild: asynchronous SGD, every worker updating the shared parameters with no barrier.
 
 What it teaches
     The plainest data-parallel algorithm on a parameter server, and the one the others in this
@@ -6,10 +6,13 @@ What it teaches
     without waiting for anyone, reads them, computes a gradient on its own mini-batch and
     subtracts it from them in place. Another worker's update may land between a worker's read
     and its write, so some gradients are computed on parameters that are already a few updates
-    old ("stale"); Hogwild! showed that SGD converges anyway. The global step counts the steps
+    old ("stale"); Hogwild! showed that SGD converges anyway. That read-then-apply gap is the
+    race: the apply itself is one op on the ps, and a dense apply to a resource variable holds
+    the variable's lock whatever use_locking says (use_locking matters for sparse updates and
+    TensorFlow 1's reference variables), so no update is lost; it lands on moved parameters. The global step counts the steps
     of all workers together, so with n workers it grows about n times as fast as each worker's.
 
-The update rule (each step of worker k; no lock, no barrier)
+The update rule (each step of worker k; no barrier between the pull and the push)
     pull:  params <- global_params                              # read from the ps
            g      <- grad L(params; next mini-batch of worker k)
     push:  global_params <- global_params - learning_rate * g   # on the ps, to whatever it is now
@@ -143,8 +146,8 @@ def build_hogwild(args, cluster, x, y, num_classes=10):
         loss = model_loss(pulled, x, y)
         gradients = tf.gradients(loss, list(pulled.values()))
         # push: the subtraction runs on the ps, on whatever the parameters have become since the
-        # pull. use_locking=False (the default, spelled out) lets the updates of two workers to
-        # one variable interleave instead of queueing for a lock: Hogwild's bet.
+        # pull: Hogwild's bet. (use_locking=False is the default, spelled out; for this dense
+        # update of resource variables TensorFlow holds each variable's lock anyway.)
         sgd = tf.compat.v1.train.GradientDescentOptimizer(args.learning_rate, use_locking=False)
         push = sgd.apply_gradients(zip(gradients, global_params.values()))
         with tf.control_dependencies([push]):  # the clock counts a push once it has landed

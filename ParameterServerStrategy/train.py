@@ -161,7 +161,7 @@ def build_pss(args, cluster, data):
             # once (applying each replica's gradient would multiply the rate by their number)
             for v, g in zip(shards, per_replica):
                 v.assign_sub(args.learning_rate * strategy.reduce("MEAN", g, axis=None))
-            global_step.assign_add(1)  # on the ps, with no lock, like the steps
+            global_step.assign_add(1)  # on the ps, unordered with the other workers' steps
             loss = strategy.reduce("MEAN", losses, axis=None)
         worker = tf.distribute.coordinator.experimental_get_current_worker_index()
         steps_per_worker.scatter_add(tf.IndexedSlices(  # the mini-batches of each worker's shard

@@ -178,7 +178,7 @@ def build_sparse_pss(args, cluster, data):
                         v.assign_sub(rate * part)
                     else:  # a slice of a table: only its rows, on the slice's ps
                         v.scatter_sub(rows_only(v, part, rate))
-            global_step.assign_add(1)  # on the ps, with no lock, like the steps
+            global_step.assign_add(1)  # on the ps, unordered with the other workers' steps
             loss = strategy.reduce("MEAN", losses, axis=None)
         worker = tf.distribute.coordinator.experimental_get_current_worker_index()
         steps_per_worker.scatter_add(tf.IndexedSlices(

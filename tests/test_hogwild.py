@@ -1,4 +1,4 @@
-"""Hogwild: one copy of the parameters on the ps, updated by every worker step without a lock."""
+"""Hogwild: one copy of the parameters on the ps, updated by every worker step with no barrier."""
 
 from types import SimpleNamespace
 
