@@ -18,6 +18,15 @@ Distributed-Setup pulls and pushes a mini-batch take 19 ms at 1 Gbit/s), --steps
 mini-batches in all. Links are unlimited and
 1 Gbit/s by default (--bandwidth).
 
+The clock times training alone, the same way for every scheme: by default (--eval_every 0) no
+task evaluates until the training has ended, and every summary's steps_per_sec stops before its
+chief's (or coordinator's) last evaluation. Evaluating inside a timed run costs the schemes
+differently (the ParameterServerStrategy coordinator schedules no step while it evaluates; in the
+tf.compat.v1 examples only the chief pauses), so a table timed that way reads an evaluation
+policy as a scheme's pace. With --eval_every N the chief evaluates every N of its steps, and the
+table adds the seconds to the target accuracy (benchmarks/compare.py measures those on one
+machine, evaluating as it goes).
+
 Every cell at unlimited links, the baseline included, runs --repeats times (3 by default), the
 rounds one after the other so that a slow spell of the machine falls on every cell alike: one run
 a cell cannot tell a scheme's cost from the machine's noise (one host's own rate varies by some
@@ -29,8 +38,9 @@ rate over the median of one host's.
 
 Writes into --out:
   scaling.md    one row per example, workers and link rate: mini-batches/s (all workers),
-                speed-up over one host, parallel efficiency (speed-up / workers), seconds to
-                0.95 test accuracy and its speed-up: medians, with their ranges;
+                speed-up over one host, parallel efficiency (speed-up / workers) (with
+                --eval_every, seconds to 0.95 test accuracy and its speed-up): medians, with
+                their ranges;
   speed_up.png   speed-up against workers, one line per example (the median, a bar over the
                 range), the ideal line, one panel per link rate;
   logs/scaling-*  every run's output and metrics (cluster.py's report, with each host's CPU
@@ -66,8 +76,8 @@ LEFT_OUT = {"Evolution-Strategies", "In-Graph-Replication", "Model-Parallel-Pipe
 
 def parser(prog):
     p = example_runs.argparse_for(prog, __doc__)
-    example_runs.add_run_flags(p, steps=900, eval_every=30, problem=True)
-    p.set_defaults(batch_size=512)
+    example_runs.add_run_flags(p, steps=900, eval_every=0, problem=True)
+    p.set_defaults(batch_size=512)  # --eval_every 0: at the end only, after the timed training
     p.add_argument("--cpus", type=cluster.positive_cores, default=0.4, metavar="C",
                    help="cores of every host, a cgroup CPU quota each (default: 0.4)")
     p.add_argument("--workers", default="1,2,3", metavar="COUNTS",
@@ -203,6 +213,7 @@ def write_table(path, results, baseline, settings):
              "| %s (one process) | 1 | none | %s | 1.00 | 1.00 | %s | 1.00 |" % (
                  BASELINE, spread([mini_batches_per_sec(m) for m in runs_of(baseline)], "%.1f"),
                  "%.1f" % one_host_target if one_host_target else "n/a")]
+    timed_alone = settings.get("eval_every") == 0  # no accuracy until the end: no time to it
     for (example, workers, label), metrics in results.items():
         ups = speed_ups(metrics, one_host)
         target = median_time_to_target(metrics, goal)
@@ -212,6 +223,8 @@ def write_table(path, results, baseline, settings):
             spread([mini_batches_per_sec(m) for m in runs_of(metrics)], "%.1f"), spread(ups),
             spread([u / workers for u in ups]), "%.1f" % target if target else "n/a",
             "%.2f" % target_speed_up if target_speed_up else "n/a"))
+    if timed_alone:  # the two columns of the seconds to the target left out
+        lines = ["|".join(line.split("|")[:-3]) + "|" for line in lines]
     most = max(workers for _, workers, _ in results)
     lines.append("")
     for label in dict.fromkeys(label for _, _, label in results):  # each rate, in run order
@@ -321,9 +334,13 @@ def main(argv=None, prog="scaling.py"):
         if not 1 <= args.limited_repeats <= args.repeats:
             raise ValueError("--limited_repeats: give 1 to --repeats (%d) runs a cell"
                              % args.repeats)
+        if args.eval_every < 0:
+            raise ValueError("--eval_every: give 0 (at the end only) or a number of steps")
         if args.quick:
-            args.steps, args.eval_every, counts = 100, 20, [n for n in counts if n <= 2]
+            args.steps, counts = 100, [n for n in counts if n <= 2]
             args.repeats = args.limited_repeats = 1
+        evaluating_every = args.eval_every  # 0: the runs' --log_every is --steps, past the end
+        args.eval_every = args.eval_every or args.steps
         limited_counts = worker_counts(args.limited_workers) if args.limited_workers else [
             max(counts)]
         if not set(limited_counts) <= set(counts):
@@ -366,7 +383,8 @@ def main(argv=None, prog="scaling.py"):
             (baseline if cell is None else results[cell]).append(metrics)
     os.makedirs(args.out, exist_ok=True)
     settings = dict(command=example_runs.rerun_command(prog, argv, sudo=True), cpus=args.cpus,
-                    steps=args.steps, batch_size=args.batch_size, target=args.target)
+                    steps=args.steps, batch_size=args.batch_size, target=args.target,
+                    eval_every=evaluating_every)
     table = write_table(os.path.join(args.out, "scaling.md"), results, baseline, settings)
     print(table)
     bounds = bounds_table(results, baseline)

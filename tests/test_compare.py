@@ -791,6 +791,19 @@ def test_the_scaling_table_gives_speed_up_and_efficiency_against_one_host(tmp_pa
     assert (tmp_path / "scaling.md").read_text() == text
 
 
+def test_the_scaling_table_timed_alone_leaves_out_the_seconds_to_the_target(tmp_path):
+    # --eval_every 0, the default: nothing evaluated before the end, so no time to an accuracy
+    results = {("DOWNPOUR", 3, "unlimited"): fake_metrics(108.0, reach=4.0)}
+    text = scaling.write_table(str(tmp_path / "scaling.md"), results, fake_metrics(
+        40.0, reach=10.0, workers=1), dict(command="sudo python benchmarks/scaling.py", cpus=0.4,
+                                           steps=900, batch_size=512, eval_every=0))
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in text.splitlines()
+            if line.startswith("|")]
+    assert rows[0] == ["example", "workers", "links", "mini-batches/s", "speed-up", "efficiency"]
+    assert rows[3] == ["DOWNPOUR", "3", "unlimited", "108.0", "2.70", "0.90"]
+    assert scaling.parser("scaling.py").parse_args([]).eval_every == 0
+
+
 def test_the_scaling_table_gives_each_cells_median_and_range_over_its_runs(tmp_path):
     """Three runs a cell: the speed-ups are each run's rate over the median of one host's (40),
     and the table, the bounds and the README's sentence give the median and the range."""
