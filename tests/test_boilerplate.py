@@ -357,3 +357,20 @@ def test_every_session_is_tensorflows_monitored_session_with_no_session_class_of
             assert "run" not in methods, (example, node.name)  # a session of its own
     loop = "\n".join(story_code(example))
     assert "while not session.should_stop():" in loop or example == "Evolution-Strategies", example
+
+
+def test_every_mutation_still_finds_the_one_line_it_changes():
+    """tools/mutations.py moves with the code: a mutation whose text has gone from its file (or
+    occurs twice) would only be noticed by a full run of the script, minutes long."""
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    try:
+        import mutations
+    finally:
+        sys.path.pop(0)
+    found = {m.name: read_path(m.path).count(m.old) for m in mutations.MUTATIONS}
+    assert {name: n for name, n in found.items() if n != 1} == {}
+
+
+def read_path(path):
+    with open(os.path.join(ROOT, path)) as f:
+        return f.read()

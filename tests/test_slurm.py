@@ -102,8 +102,10 @@ def started_tasks(ended):
 
 # --- The tests ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("example", JOBS)
-def test_each_example_trains_to_its_bar_as_a_batch_job_over_several_nodes(example, runs):
+def test_each_example_trains_to_its_bar_as_a_batch_job_over_several_nodes(example, runs,
+                                                                          record_property):
     job = runs.get(example, trained(example))
+    record_property("sbatch_to_end_s", round(job.seconds, 1))  # --junitxml keeps it
     options, _, roles, chief = JOBS[example]
     assert (job.state, job.exit_code) == ("COMPLETED", "0:0"), job.output[-3000:]
     summary = job.summary(chief)
