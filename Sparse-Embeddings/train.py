@@ -411,41 +411,36 @@ def start_the_data(session, global_step):
 
 
 # >>> shared: graph test set
-def arrays_in_batches(x, y, size):
-    """The arrays (x, y), size examples at a time, handed over by Python as the stream starts."""
-    return tf.data.Dataset.from_generator(
-        lambda: ((x[i:i + size], y[i:i + size]) for i in range(0, len(x), size)),
-        output_signature=(tf.TensorSpec((None,) + x.shape[1:], x.dtype),
-                          tf.TensorSpec((None,) + y.shape[1:], y.dtype)))
-
-
 def test_metrics_of(test_metrics, data):
-    """The test set's stream and test_metrics(x, y) of its batches: a start op, and each batch's
-    (size, metrics). From the TFRecord files or the arrays, 1000 examples a batch, x in float32
-    scaled as in training: it may be larger than memory, and is no constant of the graph."""
+    """The test set, 1000 examples a batch, x in float32 as in training: a start op, each batch's
+    (size, test_metrics(x, y)) and its feeds. TFRecord files stream (they may not fit in memory;
+    feeds None: to the end); arrays are fed (no graph constant, and no stream to start: fast)."""
     if hasattr(data, "test_batches"):  # Records
-        batches = data.test_batches(1000)
-    else:
-        batches, scale = arrays_in_batches(data.x_test, data.y_test, 1000), getattr(
-            data, "x_scale", None)  # (a Dataset's: integer pixels, scaled as in training)
-        if scale and data.x_test.dtype.kind in "biu":
-            batches = batches.map(lambda x, y: (tf.cast(x, tf.float32) / scale, y))
-    iterator = tf.compat.v1.data.make_initializable_iterator(batches)
-    x, y = iterator.get_next()
-    return iterator.initializer, (tf.shape(x)[0], test_metrics(x, y))
+        iterator = tf.compat.v1.data.make_initializable_iterator(data.test_batches(1000))
+        x, y = iterator.get_next()
+        return iterator.initializer, (tf.shape(x)[0], test_metrics(x, y)), None
+    xs, y = (tf.compat.v1.placeholder(a.dtype, (None,) + a.shape[1:])
+             for a in (data.x_test, data.y_test))
+    scale = getattr(data, "x_scale", None)  # a Dataset's (integer pixels), none for other ids
+    x = tf.cast(xs, tf.float32) / scale if scale and data.x_test.dtype.kind in "biu" else xs
+    feeds = [{xs: data.x_test[i:i + 1000], y: data.y_test[i:i + 1000]}
+             for i in range(0, len(data.x_test), 1000)]
+    return None, (tf.shape(x)[0], test_metrics(x, y)), feeds
 
 
-def mean_over_the_test_set(session, start, batch):
+def mean_over_the_test_set(session, start, batch, feeds):
     """Each test metric, a mean over a batch, averaged over every example of the test set."""
-    session.run(start)
+    if start is not None:
+        session.run(start)
     totals, examples = collections.Counter(), 0
-    while True:
+    for feed in iter(dict, None) if feeds is None else feeds:  # (the stream's: {} until it ends)
         try:
-            size, metrics = session.run(batch)
+            size, metrics = session.run(batch, feed)
         except tf.errors.OutOfRangeError:
-            return {name: float(totals[name] / examples) for name in metrics}
+            break
         totals.update({name: value * size for name, value in metrics.items()})
         examples += size
+    return {name: float(totals[name] / examples) for name in metrics}
 # <<< shared: graph test set
 
 

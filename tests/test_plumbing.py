@@ -246,9 +246,9 @@ def test_the_test_metrics_are_means_over_every_example_each_batch_weighed_by_its
         def metrics(x, y):
             return {"accuracy": tf.reduce_mean(tf.cast(tf.equal(tf.argmax(x, 1), y), tf.float32)),
                     "guess": tf.reduce_mean(tf.cast(tf.argmax(x, 1), tf.float32))}
-        start, batch = train.test_metrics_of(metrics, data)
+        test_set = train.test_metrics_of(metrics, data)
         with tf.compat.v1.Session() as session:
-            got = train.mean_over_the_test_set(session, start, batch)
+            got = train.mean_over_the_test_set(session, *test_set)
     assert got == {"accuracy": pytest.approx(right.mean(), abs=1e-6),
                    "guess": pytest.approx(guesses.mean(), abs=1e-5)}
     assert right.mean() == pytest.approx(0.4)

@@ -84,8 +84,8 @@ MUTATIONS = [
              node(DATA_FILES, "test_each_worker_reads_only_its_own_files_and_together_they_read_"
                   "every_example"), None),
     Mutation("An .npz: every worker trains on the whole set", "Distributed-Setup/train.py",
-             "examples = arrays_in_batches(x[worker_index::num_workers], y[worker_index::num_workers],",
-             "examples = arrays_in_batches(x, y,",
+             "shard = (x[worker_index::num_workers], y[worker_index::num_workers])",
+             "shard = (x, y)",
              node(DATA_FILES, "test_an_npz_reaches_each_worker_as_its_own_shard_and_never_as_a_"
                   "constant_of_the_graph"), None),
     Mutation("ParameterServerStrategy's traced dataset function: arrays of any size a constant",
