@@ -227,6 +227,21 @@ def test_integer_pixels_reach_the_model_scaled_by_the_training_sets_largest_valu
     assert list(labels) == [int(n) % 3 for n in np.rint(numbers)]
 
 
+def test_the_test_sets_integer_pixels_reach_the_chiefs_metrics_scaled_as_in_training(tmp_path):
+    # the test examples are numbers 96-125, pixels of x_train's scale (95): fed to the metrics
+    # as float32, each first pixel is its number / 95, so their mean is 110.5 / 95
+    import tensorflow as tf
+    module = load_train_module("Distributed-Setup")
+    data = module.load_dataset(str(numbered_set(tmp_path / "n.npz")))
+    with tf.Graph().as_default():
+        test_set = module.test_metrics_of(lambda x, y: {
+            "first_pixel": tf.reduce_mean(x[:, 0, 0, 0]),
+            "float32": tf.constant(float(x.dtype == tf.float32))}, data)
+        with tf.compat.v1.Session() as session:
+            got = module.mean_over_the_test_set(session, *test_set)
+    assert got == {"first_pixel": pytest.approx(110.5 / 95, abs=1e-6), "float32": 1.0}
+
+
 def test_the_number_of_classes_counts_the_test_sets_labels_too(tmp_path):
     # the training labels are 0-2, a test label is 4: the model needs 5 outputs, from an .npz
     # and from the TFRecord files the converter writes of it

@@ -144,6 +144,11 @@ MUTATIONS = [
              "examples.map(lambda xs, ys: (tf.cast(xs, tf.float32), ys))",
              node(DATA_FILES, "test_integer_pixels_reach_the_model_scaled_by_the_training_sets_"
                   "largest_value"), None),
+    Mutation("The chief's test set from an .npz: integer pixels unscaled",
+             "Distributed-Setup/train.py", "x = tf.cast(xs, tf.float32) / scale if scale and",
+             "x = tf.cast(xs, tf.float32) if scale and",
+             node(DATA_FILES, "test_the_test_sets_integer_pixels_reach_the_chiefs_metrics_scaled_"
+                  "as_in_training"), None),
     Mutation("The classes counted in the training labels alone", "Distributed-Setup/train.py",
              "num_classes = int(max(y_train.max(), y_test.max())) + 1",
              "num_classes = int(y_train.max()) + 1",
