@@ -32,7 +32,6 @@ predictions (that rate was fitted). The model is judged on the cells of the othe
 counted every byte of the busier direction (both directions for the synchronous ps schemes) as
 waited for: 8 b' / R in place of 8 s b / R.
 """
-import argparse
 import os
 import statistics
 import sys
