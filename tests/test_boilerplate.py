@@ -14,7 +14,7 @@ import tokenize
 import pytest
 
 from support.examples import (DISTRIBUTED_EXAMPLES, EXAMPLES, ROOT, declared_jobs, example_dir,
-                              sync_shared)
+                              load_module, sync_shared)
 
 pytestmark = pytest.mark.quick  # seconds, and the first thing a change to a shared block breaks
 
@@ -362,15 +362,6 @@ def test_every_session_is_tensorflows_monitored_session_with_no_session_class_of
 def test_every_mutation_still_finds_the_one_line_it_changes():
     """tools/mutations.py moves with the code: a mutation whose text has gone from its file (or
     occurs twice) would only be noticed by a full run of the script, minutes long."""
-    sys.path.insert(0, os.path.join(ROOT, "tools"))
-    try:
-        import mutations
-    finally:
-        sys.path.pop(0)
-    found = {m.name: read_path(m.path).count(m.old) for m in mutations.MUTATIONS}
+    mutations = load_module(os.path.join(ROOT, "tools", "mutations.py"), "mutations")
+    found = {m.name: read(*os.path.split(m.path)).count(m.old) for m in mutations.MUTATIONS}
     assert {name: n for name, n in found.items() if n != 1} == {}
-
-
-def read_path(path):
-    with open(os.path.join(ROOT, path)) as f:
-        return f.read()

@@ -25,15 +25,25 @@ def processes_mentioning(marker):
     return found
 
 
+def left_behind(marker, grace=5.0):
+    """The processes whose command line holds marker still there after grace seconds (those
+    told to exit may take a moment to go): killed, and returned as (pid, command line)."""
+    deadline = time.time() + grace
+    while processes_mentioning(marker) and time.time() < deadline:
+        time.sleep(0.1)
+    left = processes_mentioning(marker)
+    for pid, _ in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:  # gone meanwhile
+            pass
+    return left
+
+
 def assert_nothing_left(marker, grace=5.0):
     """No process whose command line holds marker; any found after grace seconds is killed,
     and the test fails naming it."""
-    deadline = time.time() + grace
-    while processes_mentioning(marker) and time.time() < deadline:
-        time.sleep(0.1)  # processes that were told to exit may take a moment to go
-    left = processes_mentioning(marker)
-    for pid, _ in left:
-        os.kill(pid, signal.SIGKILL)
+    left = left_behind(marker, grace)
     assert not left, "processes left running: %s" % left
 
 

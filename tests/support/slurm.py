@@ -23,7 +23,7 @@ import tempfile
 import time
 
 from support.examples import ROOT, environment_without_tf_config
-from support.processes import processes_mentioning
+from support.processes import left_behind, processes_mentioning
 from support.runs import summary_of
 
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
@@ -321,21 +321,6 @@ class Job(object):
         return dict(id=self.id, state=self.state, exit_code=self.exit_code, seconds=self.seconds,
                     output=self.output(), log_dir=self.log_dir,
                     left=left_behind(self.folder, grace=5), **more)
-
-
-def left_behind(marker, grace):
-    """The processes naming marker on their command lines still there after grace seconds;
-    killed, and returned as (pid, command line)."""
-    deadline = time.time() + grace
-    while processes_mentioning(marker) and time.time() < deadline:
-        time.sleep(0.1)
-    left = processes_mentioning(marker)
-    for pid, _ in left:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
-    return left
 
 
 class Ended(object):
