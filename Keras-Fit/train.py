@@ -670,7 +670,7 @@ def test_batches(data, size=1000):
     """The test set, size examples a batch, x in float32 scaled as in training: streamed from
     the TFRecord files (never all in memory), or sliced from the arrays."""
     if isinstance(data, Records):
-        return iter(tf.data.TFRecordDataset(data.test_files).batch(size).map(parse_records(data)))
+        return iter(data.test_batches(size))
     return ((tf.cast(data.x_test[i:i + size], tf.float32) / getattr(data, "x_scale", 1.0),
              data.y_test[i:i + size]) for i in range(0, len(data.x_test), size))
 # <<< shared: tf2 data
