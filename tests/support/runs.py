@@ -14,23 +14,9 @@ import pytest
 
 from support.examples import USERS_ENVIRONMENT, environment_without_tf_config, example_dir
 from support.processes import assert_nothing_left, free_ports, interruptible
+import example_runs  # noqa: E402  benchmarks/ (on the path: support.processes)
 
-
-def scalars(log_dir):
-    """The TensorBoard scalars the chief wrote into log_dir (its own folder and those below it):
-    {tag: [(wall_time, step, value), ...]} in the order written. tf.compat.v1 summaries hold a
-    simple_value, TensorFlow 2's a scalar tensor."""
-    import glob
-    import tensorflow as tf
-    found = {}
-    for path in sorted(glob.glob(os.path.join(log_dir, "**", "events.out.tfevents*"),
-                                 recursive=True)):
-        for event in tf.compat.v1.train.summary_iterator(path):
-            for value in event.summary.value:
-                number = (value.simple_value if value.HasField("simple_value") else
-                          float(tf.make_ndarray(value.tensor)))
-                found.setdefault(value.tag, []).append((event.wall_time, event.step, number))
-    return found
+scalars = example_runs.scalars  # the chief's TensorBoard scalars, read as the benchmarks read them
 
 
 def summary_of(output, role=None):
