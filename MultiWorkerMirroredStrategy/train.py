@@ -206,6 +206,10 @@ def train(args, cluster, data):
     finally:  # at the end, or as a lost peer ends the run (run_task says so in one line)
         if scratch:
             shutil.rmtree(scratch, ignore_errors=True)
+    # TensorFlow stops the handler's watch on the other workers in its __del__, which the exit
+    # at once (run_task) never runs: a worker still watching once the chief, whose coordination
+    # service it watches, has exited prints a traceback (UnavailableError: Socket closed)
+    preemption.__del__()
     checksum = sum(float(tf.reduce_sum(p)) for p in mirrored.params.values())
     print("[worker%d] done: parameters checksum=%.9g" % (args.task_index, checksum), flush=True)
     steps = int(mirrored.global_step.numpy())  # every worker took part in every step
