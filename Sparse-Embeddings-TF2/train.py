@@ -252,7 +252,7 @@ def schedule_until_done(args, cluster, pss, test_set, test_metrics):
             loss.fetch()
             run.start_clock()
         if call % every == 0:  # every call so far has run: the line's step is exact
-            pss.coordinator.join()  # (a call on the other worker may still be running)
+            pss.coordinator.join()  # (a call on another worker may still be running)
             run.progress(float(loss.fetch()))
             checkpoints.save(checkpoint_number=pss.global_step)
     pss.coordinator.join()  # every scheduled call has run (again elsewhere, if a worker died)
